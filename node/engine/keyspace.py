@@ -1,0 +1,74 @@
+"""The keyspace: one database of typed values, plus its per-keyspace settings.
+
+    Keyspace
+    +-- data:   dict[bytes, value]   value is one of
+    |             bytes           a string (SET/GET)
+    |             ListValue       (lists.py)
+    |             Stream          (stream.py)
+    +-- config: EngineConfig       node limits, settable per keyspace (CONFIG SET)
+    +-- ready:  set[bytes]         keys that got new data since the last
+                                   pop_ready_keys(): the server wakes blocked
+                                   clients on them (XREAD BLOCK, BLPOP, ...)
+
+Invariant: no key maps to an empty list (an emptied list is deleted, as in Redis);
+an empty stream may exist (XADD NOMKSTREAM / XTRIM / XDEL keep it).
+"""
+from dataclasses import dataclass, field
+
+from .errors import WrongTypeError
+
+
+@dataclass
+class EngineConfig:
+    stream_node_max_bytes: int = 4096     # 0 = no limit (as in redis)
+    stream_node_max_entries: int = 100    # 0 = no limit
+    list_max_listpack_size: int = -2      # redis's list-max-listpack-size
+    list_compress_depth: int = 0
+
+
+_TYPE_NAMES: dict[type, str] = {bytes: "string"}
+
+
+def register_type(cls: type, name: str) -> None:
+    """Value modules call this so TYPE and lookups know their class."""
+    _TYPE_NAMES[cls] = name
+
+
+@dataclass
+class Keyspace:
+    data: dict = field(default_factory=dict)
+    config: EngineConfig = field(default_factory=EngineConfig)
+    ready: set = field(default_factory=set)
+
+    def get(self, key: bytes):
+        return self.data.get(key)
+
+    def get_typed(self, key: bytes, cls: type):
+        """The value at key if it is a `cls`, None if absent; else WRONGTYPE."""
+        value = self.data.get(key)
+        if value is not None and type(value) is not cls:
+            raise WrongTypeError()
+        return value
+
+    def set(self, key: bytes, value) -> None:
+        self.data[key] = value
+
+    def delete(self, key: bytes) -> bool:
+        return self.data.pop(key, None) is not None
+
+    def exists(self, key: bytes) -> bool:
+        return key in self.data
+
+    def type_name(self, key: bytes) -> str:
+        value = self.data.get(key)
+        if value is None:
+            return "none"
+        return _TYPE_NAMES[type(value)]
+
+    def signal_ready(self, key: bytes) -> None:
+        """A list got elements or a stream got entries: blocked clients may proceed."""
+        self.ready.add(key)
+
+    def pop_ready_keys(self) -> set:
+        ready, self.ready = self.ready, set()
+        return ready

@@ -1,0 +1,29 @@
+import pytest
+
+from tests.redis_oracle import RedisOracle, redis_server_path
+
+
+@pytest.fixture(scope="session")
+def redis_oracle():
+    """One redis-server 7.0 per test process (per xdist worker), flushed per test by users."""
+    if redis_server_path() is None:
+        pytest.fail("redis-server is not installed: run ./dev test (it installs it)")
+    oracle = RedisOracle()
+    yield oracle
+    oracle.close()
+
+
+@pytest.fixture
+def redis(redis_oracle):
+    redis_oracle.flush()
+    return redis_oracle
+
+
+def pytest_collection_modifyitems(config, items):
+    # Soaks run only when asked for with -m soak.
+    if "soak" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="soak: run with -m soak")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,133 @@
+"""The real thing: Debian's redis-server, started by the tests, spoken to in raw RESP2.
+
+`RedisOracle.call(*argv)` returns a reply in the engine's value model
+(`xraft.node.engine.replies`): bytes, int, None (null bulk), NULL_ARRAY, list,
+Status, or a `RedisReplyError` value (not raised) for '-' replies, so a test can
+compare `oracle.call(...)` with `engine_call(db, ...)` directly.
+"""
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+from xraft.node.engine.errors import EngineError
+from xraft.node.engine.replies import NULL_ARRAY, Status, to_resp2_value
+
+
+class RedisReplyError(EngineError):
+    """An error reply, as a value."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_server_path():
+    return shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+
+
+class RedisOracle:
+    def __init__(self, extra_config=()):
+        exe = redis_server_path()
+        if exe is None:
+            raise RuntimeError("redis-server not installed (apt-get install -y redis-server)")
+        self.dir = tempfile.mkdtemp(prefix="xraft-oracle-")
+        self.port = free_port()
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", self.dir, "--daemonize", "no", *extra_config]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while True:
+            try:
+                self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+                break
+            except OSError:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start")
+                time.sleep(0.02)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray()
+
+    # -- RESP2 ---------------------------------------------------------------
+    def send(self, *argv):
+        out = [b"*%d\r\n" % len(argv)]
+        for a in argv:
+            if isinstance(a, str):
+                a = a.encode()
+            elif isinstance(a, int):
+                a = str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        self.sock.sendall(b"".join(out))
+
+    def _line(self):
+        while True:
+            i = self.buf.find(b"\r\n")
+            if i >= 0:
+                line = bytes(self.buf[:i])
+                del self.buf[: i + 2]
+                return line
+            self._fill()
+
+    def _fill(self):
+        chunk = self.sock.recv(1 << 16)
+        if not chunk:
+            raise ConnectionError("redis-server closed the connection")
+        self.buf += chunk
+
+    def read(self):
+        line = self._line()
+        t, rest = line[:1], line[1:]
+        if t == b"+":
+            return Status(rest.decode())
+        if t == b"-":
+            return RedisReplyError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                self._fill()
+            data = bytes(self.buf[:n])
+            del self.buf[: n + 2]
+            return data
+        if t == b"*":
+            n = int(rest)
+            if n < 0:
+                return NULL_ARRAY
+            return [self.read() for _ in range(n)]
+        raise ValueError(f"unexpected RESP2 line {line!r}")
+
+    def call(self, *argv):
+        self.send(*argv)
+        return self.read()
+
+    def flush(self):
+        self.call("FLUSHALL")
+
+    def close(self):
+        try:
+            self.sock.close()
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def engine_call(db, *argv, now_ms: int = 0):
+    """Run a command on an xraft keyspace; reply in RESP2 shape, errors as values."""
+    from xraft.node.engine.commands import execute
+
+    args = [a.encode() if isinstance(a, str) else (str(a).encode() if isinstance(a, int) else a) for a in argv]
+    try:
+        return to_resp2_value(execute(db, args, now_ms))
+    except EngineError as e:
+        return RedisReplyError(e.message)
