@@ -54,3 +54,27 @@ def to_resp2_value(reply):
     if isinstance(reply, (list, tuple)):
         return [to_resp2_value(x) for x in reply]
     return reply
+
+
+class WouldBlock:
+    """Returned (not raised) by a blocking form (XREAD BLOCK, BLPOP, ...) that has
+    nothing to serve now. The server parks the client on `keys` and, whenever one
+    of them is signalled ready (Keyspace.pop_ready_keys), runs `retry_argv` again;
+    after `timeout_ms` (0 = forever) it replies the command's timeout reply
+    (`timeout_reply`, usually NULL_ARRAY).
+
+    `retry_argv` is the original argv with every time-dependent or position-
+    dependent argument resolved at blocking time (XREAD's `$` replaced by the
+    stream's last ID), so that a retry serves only what arrived after the block.
+    """
+
+    __slots__ = ("keys", "timeout_ms", "retry_argv", "timeout_reply")
+
+    def __init__(self, keys, timeout_ms: int, retry_argv, timeout_reply=NULL_ARRAY):
+        self.keys = list(keys)
+        self.timeout_ms = timeout_ms
+        self.retry_argv = list(retry_argv)
+        self.timeout_reply = timeout_reply
+
+    def __repr__(self):
+        return f"WouldBlock(keys={self.keys!r}, timeout_ms={self.timeout_ms}, retry_argv={self.retry_argv!r})"
