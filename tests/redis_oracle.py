@@ -43,14 +43,26 @@ class RedisOracle:
         deadline = time.time() + 10
         while True:
             try:
-                self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+                self._connect()
                 break
             except OSError:
                 if time.time() > deadline or self.proc.poll() is not None:
                     raise RuntimeError("redis-server did not start")
                 time.sleep(0.02)
+
+    def _connect(self):
+        # generous timeout: CI machines are small and busy
+        self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=120)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = bytearray()
+
+    def reconnect(self):
+        """After a transport error the reply stream may be out of step: start afresh."""
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self._connect()
 
     # -- RESP2 ---------------------------------------------------------------
     def send(self, *argv):
@@ -104,11 +116,31 @@ class RedisOracle:
         raise ValueError(f"unexpected RESP2 line {line!r}")
 
     def call(self, *argv):
-        self.send(*argv)
-        return self.read()
+        try:
+            self.send(*argv)
+            return self.read()
+        except BaseException:
+            # a half-read reply would answer the next command: never reuse the socket
+            self.reconnect()
+            raise
+
+    # Settings tests may change; reset() puts them back so one test cannot leak into the next.
+    DEFAULTS = {
+        "stream-node-max-bytes": "4096",
+        "stream-node-max-entries": "100",
+        "list-max-listpack-size": "-2",
+        "list-compress-depth": "0",
+        "hash-max-listpack-entries": "128",
+        "hash-max-listpack-value": "64",
+    }
+
+    def reset(self):
+        self.call("FLUSHALL")
+        for k, v in self.DEFAULTS.items():
+            self.call("CONFIG", "SET", k, v)
 
     def flush(self):
-        self.call("FLUSHALL")
+        self.reset()
 
     def close(self):
         try:
