@@ -1,1 +1,1 @@
-
+"""The Raft core: pure, deterministic, one instance per group member (see rawnode.py)."""

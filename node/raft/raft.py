@@ -1,0 +1,553 @@
+"""The Raft state machine of one group member (etcd raft.go, in Python).
+
+Pure: no clock (time advances by tick()), no I/O (messages are queued in
+`msgs` / `msgs_after_append` and handed out by RawNode.ready()), randomness only
+from the injected rng. The leader-only logic lives in raft_leader.py.
+
+Message queues:
+  msgs              — may be sent before the current unstable state is durable
+  msgs_after_append — promise durable state (vote grants, append acks): sent
+                      only after the Ready holding that state is persisted;
+                      those addressed to ourselves are stepped at advance().
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Optional
+
+from ..invariant import invariant
+from . import confchange
+from . import raft_leader as leader
+from .codec import MAX_SNAPSHOT_DATA_BYTES, CodecError, decode_conf_change_entry, encode_conf_change_v2
+from .config import Config
+from .log import RaftLog
+from .progress import ProgressState
+from .quorum import VoteResult
+from .read_only import ReadOnly
+from .storage import Storage
+from .tracker import ProgressTracker, TrackerConfig
+from .types import (
+    NONE,
+    ConfChange,
+    ConfChangeV2,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    MessageType as MT,
+    ProposalDropped,
+    ReadState,
+    Snapshot,
+    SoftState,
+    StateRole,
+    StepError,
+    StorageStateError,
+)
+
+CAMPAIGN_TRANSFER = b"CampaignTransfer"  # VOTE context: leadership transfer overrides the lease
+_AFTER_APPEND = frozenset({MT.APP_RESP, MT.VOTE_RESP, MT.PRE_VOTE_RESP})
+_VOTE_TYPES = frozenset({MT.VOTE, MT.VOTE_RESP, MT.PRE_VOTE, MT.PRE_VOTE_RESP})
+
+
+class CampaignType(enum.Enum):
+    PRE_ELECTION = 0
+    ELECTION = 1
+    TRANSFER = 2
+
+
+class SnapshotReceiver:
+    """Follower side of a chunked snapshot: chunks must arrive in order."""
+
+    __slots__ = ("meta", "total", "buf", "rejected")
+
+    def __init__(self) -> None:
+        self.meta = None  # metadata of the snapshot being assembled; None if idle
+        self.total = 0  # its total data length (<= codec MAX_SNAPSHOT_DATA_BYTES)
+        self.buf = bytearray()  # Invariant: len(buf) <= total
+        self.rejected: Optional[tuple[int, int]] = None  # (index, term) already rejected once
+
+
+class Raft:
+    def __init__(self, cfg: Config, storage: Storage) -> None:
+        cfg.validate()
+        self.id = cfg.id
+        self.cfg = cfg
+        self.rng = cfg.rng
+        self.raft_log = RaftLog(storage, cfg.max_committed_size_per_ready)
+        self.term = 0  # Invariant: never decreases
+        self.vote = NONE
+        self.lead = NONE
+        self.state = StateRole.FOLLOWER
+        self.is_learner = False
+        self.trk = ProgressTracker(cfg.max_inflight_msgs, cfg.max_inflight_bytes)
+        self.msgs: list[Message] = []
+        self.msgs_after_append: list[Message] = []
+        self.read_states: list[ReadState] = []
+        self.lead_transferee = NONE
+        self.pending_conf_index = 0  # a conf change at or below this index may be unapplied
+        self.uncommitted_size = 0  # leader: payload bytes appended but not yet committed
+        self.read_only = ReadOnly(cfg.read_only_option)
+        self.pending_read_index_messages: list[Message] = []  # reads before the term's first commit
+        self.pending_bcast = False  # leader: proposals appended, MsgApp not yet broadcast
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.election_timeout = cfg.election_tick
+        self.heartbeat_timeout = cfg.heartbeat_tick
+        self.randomized_election_timeout = cfg.election_tick
+        self.check_quorum = cfg.check_quorum
+        self.pre_vote = cfg.pre_vote
+        self.snap_rx = SnapshotReceiver()
+
+        hs, cs = storage.initial_state()
+        cfg_, prs = confchange.restore(self.trk, self.raft_log.last_index(), cs)
+        self.switch_to_config(cfg_, prs)
+        if hs != HardState():
+            self.load_state(hs)
+        if cfg.applied > 0:
+            if cfg.applied > self.raft_log.committed:
+                raise StorageStateError("config.applied beyond the durable commit index",
+                                        applied=cfg.applied, commit=self.raft_log.committed)
+            self.raft_log.applied_to(cfg.applied)
+        self.become_follower(self.term, NONE)
+
+    # ------------------------------------------------ state accessors
+
+    def soft_state(self) -> SoftState:
+        return SoftState(self.lead, self.state)
+
+    def hard_state(self) -> HardState:
+        return HardState(self.term, self.vote, self.raft_log.committed)
+
+    def load_state(self, hs: HardState) -> None:
+        log = self.raft_log
+        if hs.commit < log.committed or hs.commit > log.last_index():
+            raise StorageStateError("hard state commit out of range", commit=hs.commit,
+                                    first_index=log.first_index(), last_index=log.last_index())
+        log.committed = hs.commit
+        self.term = hs.term
+        self.vote = hs.vote
+
+    def promotable(self) -> bool:
+        pr = self.trk.progress.get(self.id)
+        return pr is not None and not pr.is_learner and not self.raft_log.has_pending_snapshot()
+
+    def past_election_timeout(self) -> bool:
+        return self.election_elapsed >= self.randomized_election_timeout
+
+    def reset_randomized_election_timeout(self) -> None:
+        self.randomized_election_timeout = self.election_timeout + self.rng.randrange(self.election_timeout)
+
+    # ------------------------------------------------ sending
+
+    def send(self, m: Message) -> None:
+        if m.frm == NONE:
+            m = dataclasses.replace(m, frm=self.id)
+        if m.type in _VOTE_TYPES:
+            invariant(m.term != 0, f"vote message {m.type.name} without a term")
+        else:
+            invariant(m.term == 0, f"{m.type.name} with preset term {m.term}")
+            if m.type not in (MT.PROP, MT.READ_INDEX):
+                # PROP and READ_INDEX are forwarded as local messages: no term attached.
+                m = dataclasses.replace(m, term=self.term)
+        if m.type in _AFTER_APPEND:
+            self.msgs_after_append.append(m)
+        else:
+            self.msgs.append(m)
+
+    # ------------------------------------------------ role transitions
+
+    def reset(self, term: int) -> None:
+        if self.term != term:
+            self.term = term
+            self.vote = NONE
+        self.lead = NONE
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.reset_randomized_election_timeout()
+        self.lead_transferee = NONE
+        self.trk.reset_votes()
+        log = self.raft_log
+        last = log.last_index()
+        # We count ourselves only for entries we know to be durable (below the unstable tail).
+        durable = log.unstable.offset - 1 if log.unstable.snapshot is None else 0
+        for pid, pr in self.trk.progress.items():
+            pr.match = min(durable, last) if pid == self.id else 0
+            pr.next = last + 1
+            pr.state = ProgressState.PROBE
+            pr.pending_snapshot = 0
+            pr.msg_app_flow_paused = False
+            pr.recent_active = False
+            pr.inflights.reset()
+        self.pending_conf_index = 0
+        self.uncommitted_size = 0
+        self.pending_bcast = False
+        self.read_only = ReadOnly(self.cfg.read_only_option)
+        self.pending_read_index_messages = []
+
+    def become_follower(self, term: int, lead: int) -> None:
+        self.reset(term)
+        self.lead = lead
+        self.state = StateRole.FOLLOWER
+
+    def become_candidate(self) -> None:
+        invariant(self.state != StateRole.LEADER, "invalid transition leader -> candidate")
+        self.reset(self.term + 1)
+        self.vote = self.id
+        self.state = StateRole.CANDIDATE
+
+    def become_pre_candidate(self) -> None:
+        invariant(self.state != StateRole.LEADER, "invalid transition leader -> pre-candidate")
+        # No term change and no vote: a pre-election must not disturb anyone (§9.6).
+        self.trk.reset_votes()
+        self.lead = NONE
+        self.state = StateRole.PRE_CANDIDATE
+
+    def become_leader(self) -> None:
+        invariant(self.state != StateRole.FOLLOWER, "invalid transition follower -> leader")
+        self.reset(self.term)
+        self.lead = self.id
+        self.state = StateRole.LEADER
+        pr = self.trk.progress[self.id]
+        pr.become_replicate()
+        pr.recent_active = True  # the leader is always active for CheckQuorum
+        # The empty entry of this term: commits everything before it (§5.4.2, thesis §6.4).
+        ok = leader.append_entry(self, [Entry(term=0, index=0)])
+        invariant(ok, "empty entry refused by the uncommitted size limit")
+        # Known fix for single-server changes (Ongaro, raft-dev 2015): no conf change may be
+        # proposed before an entry of this term commits; the empty entry is that entry.
+        self.pending_conf_index = self.raft_log.last_index()
+
+    # ------------------------------------------------ ticks
+
+    def tick(self) -> None:
+        if self.state == StateRole.LEADER:
+            leader.tick_heartbeat(self)
+        else:
+            self.tick_election()
+
+    def tick_election(self) -> None:
+        # O(1), no allocation unless the timeout fires: idle followers must be cheap.
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.randomized_election_timeout and self.promotable():
+            self.election_elapsed = 0
+            self.step(Message(MT.HUP, frm=self.id))
+
+    # ------------------------------------------------ elections
+
+    def hup(self, t: CampaignType) -> None:
+        if self.state == StateRole.LEADER or not self.promotable():
+            return
+        if self.has_unapplied_conf_changes():
+            return  # campaigning now could use a configuration about to change
+        self.campaign(t)
+
+    def has_unapplied_conf_changes(self) -> bool:
+        log = self.raft_log
+        if log.applied >= log.committed:
+            return False
+        lo = max(log.applied, log.first_index() - 1) + 1
+        for e in log.slice(lo, log.committed + 1):
+            if e.type != EntryType.NORMAL:
+                return True
+        return False
+
+    def campaign(self, t: CampaignType) -> None:
+        if t == CampaignType.PRE_ELECTION:
+            self.become_pre_candidate()
+            vote_type, term = MT.PRE_VOTE, self.term + 1  # the term we would campaign in
+        else:
+            self.become_candidate()
+            vote_type, term = MT.VOTE, self.term
+        resp_type = MT.PRE_VOTE_RESP if vote_type == MT.PRE_VOTE else MT.VOTE_RESP
+        last, last_term = self.raft_log.last_index(), self.raft_log.last_term()
+        ctx = CAMPAIGN_TRANSFER if t == CampaignType.TRANSFER else b""
+        for vid in self.trk.voter_nodes():
+            if vid == self.id:
+                # Our own vote counts only once our (term, vote) is durable: stepped at advance().
+                self.send(Message(resp_type, to=self.id, term=term))
+                continue
+            self.send(Message(vote_type, to=vid, term=term, index=last, log_term=last_term, context=ctx))
+
+    def poll(self, frm: int, granted: bool) -> VoteResult:
+        self.trk.record_vote(frm, granted)
+        return self.trk.tally_votes()[2]
+
+    # ------------------------------------------------ step
+
+    def step(self, m: Message) -> None:
+        if m.term == 0:
+            pass  # local message (or a forwarded proposal / read)
+        elif m.term > self.term:
+            if m.type in (MT.VOTE, MT.PRE_VOTE):
+                force = m.context == CAMPAIGN_TRANSFER
+                in_lease = (self.check_quorum and self.lead != NONE
+                            and self.election_elapsed < self.election_timeout)
+                if not force and in_lease:
+                    return  # we heard from a live leader recently: ignore the disruption (§4.2.3)
+            if m.type == MT.PRE_VOTE:
+                pass  # never change term for a pre-vote
+            elif m.type == MT.PRE_VOTE_RESP and not m.reject:
+                pass  # granted pre-votes carry the future term; adopt it only on winning
+            elif m.type in (MT.APP, MT.HEARTBEAT, MT.SNAP):
+                self.become_follower(m.term, m.frm)
+            else:
+                self.become_follower(m.term, NONE)
+        elif m.term < self.term:
+            if (self.check_quorum or self.pre_vote) and m.type in (MT.HEARTBEAT, MT.APP):
+                # A stale leader (e.g. partitioned) learns our term and steps down, so that
+                # our pre-votes / lease do not leave the cluster stuck.
+                self.send(Message(MT.APP_RESP, to=m.frm))
+            elif m.type == MT.PRE_VOTE:
+                self.send(Message(MT.PRE_VOTE_RESP, to=m.frm, term=self.term, reject=True))
+            return
+
+        if m.type == MT.HUP:
+            self.hup(CampaignType.PRE_ELECTION if self.pre_vote else CampaignType.ELECTION)
+        elif m.type in (MT.VOTE, MT.PRE_VOTE):
+            self._handle_vote_request(m)
+        elif self.state == StateRole.LEADER:
+            leader.step_leader(self, m)
+        elif self.state in (StateRole.CANDIDATE, StateRole.PRE_CANDIDATE):
+            self.step_candidate(m)
+        else:
+            self.step_follower(m)
+
+    def _handle_vote_request(self, m: Message) -> None:
+        can_vote = (self.vote == m.frm
+                    or (self.vote == NONE and self.lead == NONE)
+                    or (m.type == MT.PRE_VOTE and m.term > self.term))
+        resp = MT.PRE_VOTE_RESP if m.type == MT.PRE_VOTE else MT.VOTE_RESP
+        if can_vote and self.raft_log.is_up_to_date(m.index, m.log_term):
+            # Reply with the request's term: a pre-vote grant must be recognised at that term.
+            self.send(Message(resp, to=m.frm, term=m.term))
+            if m.type == MT.VOTE:
+                self.election_elapsed = 0
+                self.vote = m.frm
+        else:
+            self.send(Message(resp, to=m.frm, term=self.term, reject=True))
+
+    def step_candidate(self, m: Message) -> None:
+        my_resp = MT.PRE_VOTE_RESP if self.state == StateRole.PRE_CANDIDATE else MT.VOTE_RESP
+        if m.type == MT.PROP:
+            raise ProposalDropped("no leader (campaigning)", self.id, self.term)
+        if m.type == MT.APP:
+            self.become_follower(m.term, m.frm)
+            self.handle_append_entries(m)
+        elif m.type == MT.HEARTBEAT:
+            self.become_follower(m.term, m.frm)
+            self.handle_heartbeat(m)
+        elif m.type == MT.SNAP:
+            self.become_follower(m.term, m.frm)
+            self.handle_snapshot(m)
+        elif m.type == my_resp:
+            res = self.poll(m.frm, not m.reject)
+            if res == VoteResult.WON:
+                if self.state == StateRole.PRE_CANDIDATE:
+                    self.campaign(CampaignType.ELECTION)
+                else:
+                    self.become_leader()
+                    leader.bcast_append(self)
+            elif res == VoteResult.LOST:
+                # A rejection carries a term >= ours; it was adopted above when higher.
+                self.become_follower(self.term, NONE)
+
+    def step_follower(self, m: Message) -> None:
+        t = m.type
+        if t == MT.PROP:
+            if self.lead == NONE:
+                raise ProposalDropped("no leader", self.id, self.term)
+            if self.cfg.disable_proposal_forwarding:
+                raise ProposalDropped("proposal forwarding disabled", self.id, self.term)
+            self.send(dataclasses.replace(m, to=self.lead))
+        elif t in (MT.APP, MT.HEARTBEAT, MT.SNAP):
+            self.election_elapsed = 0
+            self.lead = m.frm
+            if t == MT.APP:
+                self.handle_append_entries(m)
+            elif t == MT.HEARTBEAT:
+                self.handle_heartbeat(m)
+            else:
+                self.handle_snapshot(m)
+        elif t == MT.TRANSFER_LEADER:
+            if self.lead != NONE:
+                self.send(dataclasses.replace(m, to=self.lead))
+        elif t == MT.TIMEOUT_NOW:
+            # Leadership transfer never uses pre-vote: the old leader asked us to campaign.
+            self.hup(CampaignType.TRANSFER)
+        elif t == MT.READ_INDEX:
+            if self.lead == NONE:
+                raise ProposalDropped("no leader for read index", self.id, self.term)
+            self.send(dataclasses.replace(m, to=self.lead))
+        elif t == MT.READ_INDEX_RESP:
+            self.read_states.append(ReadState(m.index, m.context))
+
+    # ------------------------------------------------ follower handlers
+
+    def handle_append_entries(self, m: Message) -> None:
+        log = self.raft_log
+        prev = m.index
+        for k, e in enumerate(m.entries):
+            if e.index != prev + 1 + k or e.term > m.term or (k and e.term < m.entries[k - 1].term):
+                raise StepError("MsgApp entries not consecutive or terms out of order", m.type, m.frm)
+        if m.entries and m.entries[0].term < m.log_term:
+            raise StepError("MsgApp first entry term below log_term", m.type, m.frm)
+        if prev < log.committed:
+            # Everything up to committed is already ours; never re-examine (or truncate) it.
+            self.send(Message(MT.APP_RESP, to=m.frm, index=log.committed))
+            return
+        last_new = log.maybe_append(prev, m.log_term, m.commit, m.entries)
+        if last_new is not None:
+            self.send(Message(MT.APP_RESP, to=m.frm, index=last_new))
+            return
+        # Reject with a hint: our largest index <= prev whose term <= the leader's log_term, so
+        # the leader can skip a whole term of mismatching entries per round trip (§5.3).
+        hint = min(prev, log.last_index())
+        hint, hint_term = log.find_conflict_by_term(hint, m.log_term)
+        self.send(Message(MT.APP_RESP, to=m.frm, index=prev, reject=True,
+                          reject_hint=hint, log_term=hint_term))
+
+    def handle_heartbeat(self, m: Message) -> None:
+        if m.commit > self.raft_log.last_index():
+            raise StepError("heartbeat commit beyond our log", m.type, m.frm)
+        self.raft_log.commit_to(m.commit)
+        self.send(Message(MT.HEARTBEAT_RESP, to=m.frm, context=m.context))
+
+    def handle_snapshot(self, m: Message) -> None:
+        if m.snapshot is None:
+            raise StepError("MsgSnap without a snapshot", m.type, m.frm)
+        snap = self._assemble_snapshot(m)
+        if snap is None:
+            return
+        if self.restore(snap):
+            self.send(Message(MT.APP_RESP, to=m.frm, index=self.raft_log.last_index()))
+        else:
+            self.send(Message(MT.APP_RESP, to=m.frm, index=self.raft_log.committed))
+
+    def _assemble_snapshot(self, m: Message) -> Optional[Snapshot]:
+        rx = self.snap_rx
+        chunk = m.snapshot
+        meta = chunk.metadata
+        if m.chunk_offset + len(chunk.data) > m.chunk_total or m.chunk_total > MAX_SNAPSHOT_DATA_BYTES:
+            raise StepError("snapshot chunk extends past chunk_total or over the size limit",
+                            m.type, m.frm)
+        if m.chunk_offset == 0:
+            if len(chunk.data) == m.chunk_total:
+                rx.meta = None
+                return chunk  # unchunked (single message)
+            rx.meta, rx.total, rx.buf, rx.rejected = meta, m.chunk_total, bytearray(chunk.data), None
+            return None
+        if rx.meta == meta and rx.total == m.chunk_total and m.chunk_offset == len(rx.buf):
+            rx.buf += chunk.data
+            if len(rx.buf) < rx.total:
+                return None
+            snap = Snapshot(meta, bytes(rx.buf))
+            rx.meta, rx.buf = None, bytearray()
+            return snap
+        # Out of order (a chunk was lost or reordered): drop the partial snapshot and ask the
+        # leader, once per transfer, to restart it from the beginning.
+        rx.meta, rx.buf = None, bytearray()
+        key = (meta.index, meta.term)
+        if rx.rejected != key:
+            rx.rejected = key
+            self.send(Message(MT.SNAP_STATUS, to=m.frm, index=meta.index, reject=True))
+        return None
+
+    def restore(self, s: Snapshot) -> bool:
+        """Install a snapshot from the leader; False if it adds nothing."""
+        meta = s.metadata
+        log = self.raft_log
+        if meta.index <= log.committed:
+            return False
+        if self.state != StateRole.FOLLOWER:
+            # Only a leader of a higher term could send it; step down safely and ignore it.
+            self.become_follower(self.term + 1, NONE)
+            return False
+        cs = meta.conf_state
+        if self.id not in cs.voters and self.id not in cs.learners and self.id not in cs.voters_outgoing:
+            return False  # we are not in that configuration: stale or misdirected
+        if log.match_term(meta.index, meta.term):
+            # We already hold this prefix: just move commit forward.
+            log.commit_to(meta.index)
+            return False
+        log.restore(s)
+        self.trk = ProgressTracker(self.cfg.max_inflight_msgs, self.cfg.max_inflight_bytes)
+        cfg, prs = confchange.restore(self.trk, log.last_index(), cs)
+        got = self.switch_to_config(cfg, prs)
+        invariant(got.voters == cs.voters and got.learners == cs.learners,
+                  "conf state after restore differs from the snapshot's")
+        pr = self.trk.progress[self.id]
+        pr.maybe_update(pr.next - 1)
+        return True
+
+    # ------------------------------------------------ membership
+
+    def apply_conf_change(self, cc: ConfChange | ConfChangeV2) -> ConfState:
+        changer = confchange.Changer(self.trk, self.raft_log.last_index())
+        cfg, prs = changer.apply_v2(cc.as_v2())
+        return self.switch_to_config(cfg, prs)
+
+    def switch_to_config(self, cfg: TrackerConfig, prs: dict) -> ConfState:
+        self.trk.config = cfg
+        self.trk.progress = prs
+        cs = self.trk.conf_state()
+        pr = prs.get(self.id)
+        self.is_learner = pr is not None and pr.is_learner
+        if self.state != StateRole.LEADER:
+            return cs
+        if pr is None or pr.is_learner:
+            # Removed or demoted leader: C_new is committed (we apply only committed entries),
+            # so stepping down now is safe (thesis §4.2.2).
+            self.become_follower(self.term, NONE)
+            return cs
+        if leader.maybe_commit(self):
+            leader.bcast_append(self)
+        else:
+            for pid, _ in self.trk.visit():
+                if pid != self.id:
+                    leader.maybe_send_append(self, pid, send_if_empty=False)
+        if self.lead_transferee != NONE and self.lead_transferee not in cfg.voters.ids():
+            self.lead_transferee = NONE
+        return cs
+
+    def validate_conf_change_entry(self, e: Entry) -> str:
+        """Why the leader must not append this conf change now ('' if it may)."""
+        try:
+            cc = decode_conf_change_entry(e).as_v2()
+        except CodecError as exc:
+            return f"undecodable conf change: {exc}"
+        joint = self.trk.config.joint()
+        if self.pending_conf_index > self.raft_log.applied:
+            return (f"possible unapplied conf change at index {self.pending_conf_index} "
+                    f"(applied {self.raft_log.applied})")
+        if joint and not cc.leave_joint():
+            return "must transition out of joint config first"
+        if not joint and cc.leave_joint():
+            return "not in joint state; refusing empty conf change"
+        try:
+            confchange.Changer(self.trk, self.raft_log.last_index()).apply_v2(cc)
+        except Exception as exc:  # ConfChangeError: would be rejected by every replica on apply
+            return str(exc)
+        return ""
+
+    # ------------------------------------------------ application feedback
+
+    def applied_to(self, index: int, payload_bytes: int) -> None:
+        log = self.raft_log
+        log.applied_to(max(index, log.applied))
+        self.uncommitted_size = max(0, self.uncommitted_size - payload_bytes)
+        if (self.trk.config.auto_leave and self.state == StateRole.LEADER
+                and log.applied >= self.pending_conf_index):
+            # The joint config is committed and applied: propose leaving it (thesis §4.3).
+            leave = encode_conf_change_v2(ConfChangeV2())
+            try:
+                self.step(Message(MT.PROP, frm=self.id,
+                                  entries=(Entry(0, 0, EntryType.CONF_CHANGE_V2, leave),)))
+            except ProposalDropped:
+                pass  # e.g. a transfer in progress; retried on the next applied_to
+
+    def applied_snap(self, snap: Snapshot) -> None:
+        index = snap.metadata.index
+        self.raft_log.stable_snap_to(index)
+        self.raft_log.applied_to(index)
