@@ -36,19 +36,30 @@ class RedisOracle:
         if exe is None:
             raise RuntimeError("redis-server not installed (apt-get install -y redis-server)")
         self.dir = tempfile.mkdtemp(prefix="xraft-oracle-")
-        self.port = free_port()
-        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", self.dir, "--daemonize", "no", *extra_config]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 10
-        while True:
-            try:
-                self._connect()
-                break
-            except OSError:
-                if time.time() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.02)
+        # free_port() can race with other processes: retry on a new port if the server dies.
+        for attempt in range(5):
+            self.port = free_port()
+            args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
+                    "--logfile", os.path.join(self.dir, "redis.log"), *extra_config]
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.time() + 30
+            while True:
+                try:
+                    self._connect()
+                    return
+                except OSError:
+                    if self.proc.poll() is not None or time.time() > deadline:
+                        break
+                    time.sleep(0.02)
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+        try:
+            log = open(os.path.join(self.dir, "redis.log")).read()[-2000:]
+        except OSError:
+            log = "(no log)"
+        raise RuntimeError("redis-server did not start:\n" + log)
 
     def _connect(self):
         # generous timeout: CI machines are small and busy
