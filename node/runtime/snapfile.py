@@ -1,0 +1,210 @@
+"""Snapshot files: one Raft snapshot per file, written atomically, verified on load.
+
+Directory
+    <dir>/snap-<index:016x>-<term:016x>.snap   complete snapshots (name = metadata)
+    <dir>/*.snap.tmp                            interrupted writes; deleted at open
+
+File layout (big-endian)
+    +----------+---------+-------+----------+----------------+----------+-----------+--------+
+    | magic    | version | flags | meta_len | metadata       | data_len | data      | crc32c |
+    | 8 bytes  |  u16    |  u16  |   u32    | meta_len bytes |   u64    | data_len  |  u32   |
+    +----------+---------+-------+----------+----------------+----------+-----------+--------+
+    magic = b"XRFTSNAP"; version = 1; flags = 0;
+    metadata = codec.encode_snapshot_metadata (index, term, conf state), meta_len <= MAX_META_BYTES;
+    data_len <= codec.MAX_SNAPSHOT_DATA_BYTES; the file is exactly 16 + meta_len + 8 + data_len + 4
+    bytes;
+    crc32c covers every byte before it; the name's index/term equal the metadata's.
+
+Atomicity: write `<name>.tmp`, fsync it, rename to `<name>`, fsync the
+directory. A crash leaves either no file or a complete one (a .tmp is never
+read). Like etcd's snapshotter, a damaged snapshot is skipped in favour of the
+next older valid one, and the caller decides whether the log still connects.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+from dataclasses import dataclass
+from typing import Optional
+
+import crc32c
+
+from ..invariant import invariant
+from ..raft.codec import MAX_SNAPSHOT_DATA_BYTES, CodecError, decode_snapshot_metadata, \
+    encode_snapshot_metadata
+from ..raft.types import EMPTY_SNAPSHOT, Snapshot
+from .wal import fsync_dir, make_dir_durable
+
+log = logging.getLogger("xraft.snapfile")
+
+SNAP_MAGIC = b"XRFTSNAP"
+SNAP_VERSION = 1
+SNAP_HEADER = struct.Struct(">8sHHI")  # magic, version, flags, meta_len
+SNAP_HEADER_BYTES = SNAP_HEADER.size  # 16
+DATA_LEN = struct.Struct(">Q")
+CRC = struct.Struct(">I")
+# A ConfState at its codec limits (4 x 4096 + 65536 IDs of 8 bytes) is ~650 KiB.
+MAX_META_BYTES = 1 << 20
+MAX_SNAPSHOT_FILE_BYTES = SNAP_HEADER_BYTES + MAX_META_BYTES + DATA_LEN.size + \
+    MAX_SNAPSHOT_DATA_BYTES + CRC.size
+DEFAULT_KEEP = 2
+_READ_CHUNK = 4 << 20
+
+_SNAP_NAME = re.compile(r"^snap-([0-9a-f]{16})-([0-9a-f]{16})\.snap$")
+
+
+class SnapshotFileError(Exception):
+    """A snapshot file that cannot be used: where (path, byte offset) and why."""
+
+    def __init__(self, reason: str, path: str, offset: int = -1):
+        super().__init__(f"snapshot file {path} at byte {offset}: {reason}")
+        self.reason = reason
+        self.path = path
+        self.offset = offset
+
+
+@dataclass(frozen=True)
+class SnapshotFileInfo:
+    index: int  # from the file name; verified against the metadata on load
+    term: int
+    path: str
+
+
+def snapshot_name(index: int, term: int) -> str:
+    return f"snap-{index:016x}-{term:016x}.snap"
+
+
+def encode_snapshot_file(snap: Snapshot) -> bytes:
+    meta = encode_snapshot_metadata(snap.metadata)
+    invariant(len(meta) <= MAX_META_BYTES, f"snapshot metadata {len(meta)} bytes within limit")
+    if len(snap.data) > MAX_SNAPSHOT_DATA_BYTES:
+        raise ValueError(f"snapshot data {len(snap.data)} bytes over {MAX_SNAPSHOT_DATA_BYTES}")
+    body = b"".join((SNAP_HEADER.pack(SNAP_MAGIC, SNAP_VERSION, 0, len(meta)), meta,
+                     DATA_LEN.pack(len(snap.data)), snap.data))
+    return body + CRC.pack(crc32c.crc32c(body))
+
+
+def read_snapshot_file(path: str) -> Snapshot:
+    """Load and fully verify one snapshot file (SnapshotFileError if anything is off)."""
+    m = _SNAP_NAME.match(os.path.basename(path))
+    if not m:
+        raise SnapshotFileError("not a snapshot file name", path, 0)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_SNAPSHOT_FILE_BYTES:
+            raise SnapshotFileError(f"{size} bytes over the limit {MAX_SNAPSHOT_FILE_BYTES}", path, 0)
+        fixed = SNAP_HEADER_BYTES + DATA_LEN.size + CRC.size
+        if size < fixed:
+            raise SnapshotFileError(f"{size} bytes is shorter than the {fixed}-byte frame", path, 0)
+        head = f.read(SNAP_HEADER_BYTES)
+        magic, version, flags, meta_len = SNAP_HEADER.unpack(head)
+        if magic != SNAP_MAGIC:
+            raise SnapshotFileError(f"bad magic {magic!r}", path, 0)
+        if version != SNAP_VERSION or flags != 0:
+            raise SnapshotFileError(f"unsupported version {version} / flags {flags:#x}", path, 8)
+        if meta_len > MAX_META_BYTES or meta_len > size - fixed:
+            raise SnapshotFileError(f"metadata length {meta_len} invalid", path, 12)
+        meta = f.read(meta_len)
+        data_len_bytes = f.read(DATA_LEN.size)
+        (data_len,) = DATA_LEN.unpack(data_len_bytes)
+        if data_len > MAX_SNAPSHOT_DATA_BYTES or size != fixed + meta_len + data_len:
+            raise SnapshotFileError(f"data length {data_len} does not match file size {size}",
+                                    path, SNAP_HEADER_BYTES + meta_len)
+        crc = crc32c.crc32c(data_len_bytes, value=crc32c.crc32c(meta, value=crc32c.crc32c(head)))
+        chunks = []
+        left = data_len
+        while left:
+            chunk = f.read(min(left, _READ_CHUNK))
+            if not chunk:
+                raise SnapshotFileError("file shrank while read", path, size - left)
+            crc = crc32c.crc32c(chunk, value=crc)
+            chunks.append(chunk)
+            left -= len(chunk)
+        tail = f.read(CRC.size + 1)
+    if len(tail) != CRC.size or CRC.unpack(tail)[0] != crc:
+        raise SnapshotFileError("CRC mismatch", path, size - CRC.size)
+    try:
+        meta_value = decode_snapshot_metadata(meta)
+    except CodecError as exc:
+        raise SnapshotFileError(f"metadata: {exc}", path, SNAP_HEADER_BYTES) from None
+    if (meta_value.index, meta_value.term) != (int(m.group(1), 16), int(m.group(2), 16)):
+        raise SnapshotFileError(f"metadata ({meta_value.index}, {meta_value.term}) does not match "
+                                "the file name", path, SNAP_HEADER_BYTES)
+    if meta_value.index == 0:
+        raise SnapshotFileError("snapshot at index 0", path, SNAP_HEADER_BYTES)
+    return Snapshot(meta_value, b"".join(chunks))
+
+
+class SnapshotFiles:
+    """The snapshot directory: save atomically, load the newest valid, prune old ones."""
+
+    def __init__(self, dirpath: str, keep: int = DEFAULT_KEEP, durable: bool = True):
+        if keep < 1:
+            raise ValueError(f"keep {keep} must be >= 1")
+        self.dir = dirpath
+        self.keep = keep  # number of newest snapshot files kept by prune()
+        self.durable = durable  # False: no fsyncs (fsync policy "never")
+        make_dir_durable(dirpath, durable)
+        for name in os.listdir(dirpath):
+            if name.endswith(".snap.tmp"):
+                os.unlink(os.path.join(dirpath, name))  # never renamed, so never a snapshot
+        self.skipped: list[SnapshotFileError] = []  # damaged files passed over by load_newest()
+
+    def list(self) -> list[SnapshotFileInfo]:
+        """Snapshot files by name, oldest first (names are not trusted until loaded)."""
+        out = []
+        for name in os.listdir(self.dir):
+            m = _SNAP_NAME.match(name)
+            if m:
+                out.append(SnapshotFileInfo(int(m.group(1), 16), int(m.group(2), 16),
+                                            os.path.join(self.dir, name)))
+        out.sort(key=lambda i: (i.index, i.term))
+        return out
+
+    def save(self, snap: Snapshot) -> str:
+        """Write `snap` atomically (durably unless durable=False); then prune. Returns the path."""
+        invariant(not snap.is_empty(), "saving an empty snapshot")
+        path = os.path.join(self.dir, snapshot_name(snap.metadata.index, snap.metadata.term))
+        tmp = path + ".tmp"
+        data = encode_snapshot_file(snap)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        if self.durable:
+            fsync_dir(self.dir)
+        self.prune()
+        return path
+
+    def load_newest(self) -> Snapshot:
+        """The newest snapshot that verifies; EMPTY_SNAPSHOT if none. Damaged ones are skipped."""
+        self.skipped = []
+        for info in reversed(self.list()):
+            try:
+                return read_snapshot_file(info.path)
+            except SnapshotFileError as exc:
+                log.warning("skipping damaged snapshot: %s", exc)
+                self.skipped.append(exc)
+        return EMPTY_SNAPSHOT
+
+    def newest_info(self) -> Optional[SnapshotFileInfo]:
+        files = self.list()
+        return files[-1] if files else None
+
+    def prune(self) -> list[str]:
+        """Delete all but the `keep` newest snapshot files; returns deleted paths."""
+        files = self.list()
+        doomed = [i.path for i in files[:-self.keep]]
+        for p in doomed:
+            os.unlink(p)
+        if doomed and self.durable:
+            fsync_dir(self.dir)
+        return doomed
