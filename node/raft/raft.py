@@ -58,15 +58,49 @@ class CampaignType(enum.Enum):
 
 
 class SnapshotReceiver:
-    """Follower side of a chunked snapshot: chunks must arrive in order."""
+    """Follower side of a chunked snapshot: chunks may arrive in any order, or twice.
 
-    __slots__ = ("meta", "total", "buf", "rejected")
+    The network reorders messages, and the leader sends all chunks of a snapshot at
+    once, so requiring in-order arrival livelocked catch-up (found by the simulator:
+    every resend was reordered again). Chunks are kept by offset until they cover
+    [0, total) contiguously. A chunk of another snapshot starts over. When the last
+    chunk arrives with a gap before it, the follower asks for a resend (SNAP_STATUS
+    reject) but keeps what it has.
+    """
+
+    __slots__ = ("meta", "total", "chunks", "held", "done")
 
     def __init__(self) -> None:
         self.meta = None  # metadata of the snapshot being assembled; None if idle
         self.total = 0  # its total data length (<= codec MAX_SNAPSHOT_DATA_BYTES)
-        self.buf = bytearray()  # Invariant: len(buf) <= total
-        self.rejected: Optional[tuple[int, int]] = None  # (index, term) already rejected once
+        self.chunks: dict[int, bytes] = {}  # offset -> chunk data
+        self.held = 0  # bytes in `chunks`. Invariant: <= 2 * total (reset beyond)
+        self.done = None  # metadata of the last snapshot assembled: its late chunks are ignored
+
+    def reset(self) -> None:
+        self.meta, self.total, self.chunks, self.held = None, 0, {}, 0
+
+    def add(self, meta, total: int, offset: int, data: bytes) -> Optional[bytes]:
+        """Store one chunk; the whole snapshot data once every byte has arrived, else None."""
+        if self.meta != meta or self.total != total:
+            self.reset()
+            self.meta, self.total = meta, total
+        if offset not in self.chunks:
+            if self.held + len(data) > 2 * total:
+                self.reset()  # chunkings that do not line up: start over rather than grow
+                self.meta, self.total = meta, total
+            self.chunks[offset] = data
+            self.held += len(data)
+        pos, parts = 0, []
+        while pos < total:
+            part = self.chunks.get(pos)
+            if not part:
+                return None
+            parts.append(part)
+            pos += len(part)
+        self.reset()
+        self.done = meta
+        return b"".join(parts)[:total]
 
 
 class Raft:
@@ -423,6 +457,7 @@ class Raft:
         if self.restore(snap):
             self.send(Message(MT.APP_RESP, to=m.frm, index=self.raft_log.last_index()))
         else:
+            self.snap_rx.done = None  # not installed (e.g. deferred): a resend must be assembled again
             self.send(Message(MT.APP_RESP, to=m.frm, index=self.raft_log.committed))
 
     def _assemble_snapshot(self, m: Message) -> Optional[Snapshot]:
@@ -432,25 +467,16 @@ class Raft:
         if m.chunk_offset + len(chunk.data) > m.chunk_total or m.chunk_total > MAX_SNAPSHOT_DATA_BYTES:
             raise StepError("snapshot chunk extends past chunk_total or over the size limit",
                             m.type, m.frm)
-        if m.chunk_offset == 0:
-            if len(chunk.data) == m.chunk_total:
-                rx.meta = None
-                return chunk  # unchunked (single message)
-            rx.meta, rx.total, rx.buf, rx.rejected = meta, m.chunk_total, bytearray(chunk.data), None
-            return None
-        if rx.meta == meta and rx.total == m.chunk_total and m.chunk_offset == len(rx.buf):
-            rx.buf += chunk.data
-            if len(rx.buf) < rx.total:
-                return None
-            snap = Snapshot(meta, bytes(rx.buf))
-            rx.meta, rx.buf = None, bytearray()
-            return snap
-        # Out of order (a chunk was lost or reordered): drop the partial snapshot and ask the
-        # leader, once per transfer, to restart it from the beginning.
-        rx.meta, rx.buf = None, bytearray()
-        key = (meta.index, meta.term)
-        if rx.rejected != key:
-            rx.rejected = key
+        if m.chunk_offset == 0 and len(chunk.data) == m.chunk_total:
+            return chunk  # unchunked (single message); a partial assembly stays as it is
+        if rx.done == meta:
+            return None  # a late or duplicated chunk of a snapshot already handed to restore()
+        data = rx.add(meta, m.chunk_total, m.chunk_offset, chunk.data)
+        if data is not None:
+            return Snapshot(meta, data)
+        if m.chunk_offset + len(chunk.data) == m.chunk_total:
+            # The last chunk came and a piece is still missing: probably lost. Ask the leader to
+            # send the snapshot again; what we hold is kept, so the resend only has to fill gaps.
             self.send(Message(MT.SNAP_STATUS, to=m.frm, index=meta.index, reject=True))
         return None
 
@@ -464,9 +490,22 @@ class Raft:
             # Only a leader of a higher term could send it; step down safely and ignore it.
             self.become_follower(self.term + 1, NONE)
             return False
+        if log.applying > log.applied:
+            # Committed entries handed out in a Ready are being applied right now; replacing the
+            # log and the configuration under them would make the application apply an old conf
+            # change on top of the snapshot's configuration (found by the simulator). The leader
+            # retries the snapshot later.
+            return False
         cs = meta.conf_state
-        if self.id not in cs.voters and self.id not in cs.learners and self.id not in cs.voters_outgoing:
-            return False  # we are not in that configuration: stale or misdirected
+        in_snapshot = self.id in cs.voters or self.id in cs.learners or self.id in cs.voters_outgoing
+        never_member = not self.trk.config.voters.ids() and not self.trk.config.learners \
+            and log.last_index() == 0
+        if not in_snapshot and not never_member:
+            # Stale or misdirected. A brand-new node (empty log, never in any configuration) is
+            # the exception: the leader's latest snapshot may predate the conf change adding it,
+            # and refusing it would leave the new node unable to ever catch up (found by the
+            # simulator); the entries after the snapshot then bring the conf change that adds it.
+            return False
         if log.match_term(meta.index, meta.term):
             # We already hold this prefix: just move commit forward.
             log.commit_to(meta.index)
@@ -477,8 +516,9 @@ class Raft:
         got = self.switch_to_config(cfg, prs)
         invariant(got.voters == cs.voters and got.learners == cs.learners,
                   "conf state after restore differs from the snapshot's")
-        pr = self.trk.progress[self.id]
-        pr.maybe_update(pr.next - 1)
+        pr = self.trk.progress.get(self.id)
+        if pr is not None:
+            pr.maybe_update(pr.next - 1)
         return True
 
     # ------------------------------------------------ membership
