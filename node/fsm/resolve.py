@@ -1,0 +1,170 @@
+"""Leader-side resolution: client commands -> log requests, before proposing.
+
+The leader does three things here, and the fsm itself none of them:
+
+1. Time. `TimeStamper.stamp(clock_ms)` turns the leader's clock (passed in:
+   the fsm never reads a clock) into the record's `now_ms`, never below the
+   largest `now_ms` already proposed or applied. A new leader whose clock is
+   behind its predecessor's thus still stamps increasing times, so XADD `*`
+   IDs keep their ms part and consumer idle times never go negative. The
+   leader must `observe` every record in its log, not only the applied ones:
+   its log may hold its predecessor's unapplied records, stamped later than
+   anything applied. (apply also clamps `now_ms` to the last applied time, so
+   a stamper bug can slow time down but never make it run backwards.)
+
+2. Refusals. Unknown commands and arity errors get the engine's redis errors
+   (`commands.lookup`); commands that change nothing raise NotAWrite and are
+   served by the read path; records too large raise EntryTooLarge. Nothing
+   refused is proposed.
+
+3. Blocking. A blocking write is proposed as its non-blocking form
+   (blocking.py); the returned plan tells the server how to park and retry.
+
+Design choice: stamp the time, do not rewrite XADD `*` into an explicit ID.
+
+Apply is a pure function of (state, argv, now_ms): XADD `*` and `<ms>-*` pick
+max(now_ms, last_id.ms) and the next sequence from the stream's last ID, and
+delivery times, idle times and delivery counts come from the same now_ms.
+Every replica applies the same records in the same order from the same state,
+so every replica picks the same IDs. Rewriting `*` to an explicit ID on the
+leader adds nothing to determinism, and it cannot be done correctly with
+pipelined proposals:
+
+  * the ID depends on the stream's last ID when the entry is applied, which
+    depends on every entry still in flight before it: XADDs that may fail
+    (WRONGTYPE, NOMKSTREAM, size limits), DEL/RENAME/FLUSHALL of the key,
+    XSETID raising the last ID, MULTI blocks, records of the previous leader.
+    A correct shadow of last IDs is a speculative execution of the whole
+    pipeline, i.e. a second state machine on the leader, thrown away on every
+    leadership change or log truncation;
+  * a wrong guess is not a different ID but a different outcome: an explicit
+    ID at or below the real last ID fails ("The ID specified in XADD is equal
+    or smaller than the target stream top item") where `*` would succeed.
+
+Stamping gives the same guarantees with no shadow: the only input apply
+needs from the leader's clock is in the record.
+"""
+from dataclasses import dataclass
+
+from ..engine.commands import lookup
+from ..engine.errors import EngineError, wrong_arity
+from ..invariant import invariant
+from .blocking import BlockingPlan, plan_blocking
+from .config_set import parse_config_set
+from .entry import MAX_NOW_MS, Request, encode_record, peek_now_ms, request_size
+from .errors import ExecAbort, NotAWrite
+
+
+class TimeStamper:
+    """The leader's monotonic `now_ms`. Not replicated: each node keeps its own
+    and seeds it, on becoming leader, with the largest time in its log."""
+
+    def __init__(self, floor_ms: int = 0):
+        invariant(type(floor_ms) is int and 0 <= floor_ms <= MAX_NOW_MS, "floor out of range")
+        self._floor = floor_ms      # Invariant: >= every now_ms proposed or observed; never decreases
+
+    @property
+    def floor_ms(self) -> int:
+        return self._floor
+
+    def observe(self, now_ms: int) -> None:
+        """A time already in the log (applied, or appended by any leader)."""
+        invariant(type(now_ms) is int and 0 <= now_ms <= MAX_NOW_MS, "now_ms out of range")
+        if now_ms > self._floor:
+            self._floor = now_ms
+
+    def observe_record(self, data: bytes) -> None:
+        """observe() the stamp of an encoded record (raft's own empty entries
+        have none). Raises CorruptEntry on bytes that are not a record."""
+        if data:
+            self.observe(peek_now_ms(data))
+
+    def stamp(self, clock_ms: int) -> int:
+        """The `now_ms` for the next record: the clock, unless it is behind."""
+        invariant(type(clock_ms) is int, "clock_ms is an int")
+        now = min(max(clock_ms, self._floor), MAX_NOW_MS)
+        self._floor = now
+        return now
+
+
+@dataclass(frozen=True)
+class Resolved:
+    request: Request
+    plan: BlockingPlan | None       # set when the client sent a blocking form
+
+
+def resolve_command(client_id: int, seq: int, argv) -> Resolved:
+    """The request to propose for one client command (outside MULTI).
+
+    Raises the engine's EngineError (unknown command, arity, a blocking form's
+    bad timeout ...), NotAWrite for a read, EntryTooLarge for oversize."""
+    argv = tuple(bytes(a) for a in argv)
+    queue_check(argv)                         # the same checks, CONFIG SET's arity included
+    if is_config_set(argv):
+        return Resolved(resolve_config_set(client_id, seq, argv), None)
+    spec = lookup(argv)                       # unknown command / arity, redis's text
+    if not spec.is_write:
+        raise NotAWrite(argv)
+    plan = plan_blocking(argv)
+    request = Request.command(client_id, seq, plan.argv if plan is not None else argv)
+    request_size(request)
+    return Resolved(request, plan)
+
+
+def retry_request(plan: BlockingPlan, client_id: int, seq: int) -> Request:
+    """The request a parked client proposes when one of its keys is ready. A
+    retry is a new request (new seq): the earlier attempt served nothing."""
+    request = Request.command(client_id, seq, plan.retry_argv)
+    request_size(request)
+    return request
+
+
+def resolve_config_set(client_id: int, seq: int, argv) -> Request:
+    """CONFIG SET, validated now (the check is pure), applied through the log."""
+    argv = tuple(bytes(a) for a in argv)
+    invariant(is_config_set(argv), "resolve_config_set of something else")
+    parse_config_set(argv)
+    request = Request.config(client_id, seq, argv)
+    request_size(request)
+    return request
+
+
+def resolve_transaction(client_id: int, seq: int, argvs) -> Request:
+    """EXEC of the queued commands. Any queue-time error (unknown command,
+    arity) discards the transaction with EXECABORT, as redis does; the server
+    has already replied that error when the command was queued. Reads and
+    blocking forms are allowed: inside MULTI redis runs them without blocking."""
+    argvs = tuple(tuple(bytes(a) for a in argv) for argv in argvs)
+    for argv in argvs:
+        try:
+            queue_check(argv)
+        except EngineError:
+            raise ExecAbort() from None
+    request = Request.multi(client_id, seq, argvs)
+    request_size(request)
+    return request
+
+
+def queue_check(argv) -> None:
+    """The checks redis makes when MULTI queues a command: raises its error."""
+    if is_config_set(argv):
+        return
+    if argv and bytes(argv[0]).lower() == b"config":
+        # CONFIG and its other subcommands are not served by the fsm.
+        if len(argv) == 1:
+            raise wrong_arity("config")
+        if bytes(argv[1]).lower() == b"set":
+            raise wrong_arity("config|set")
+    lookup(argv)
+
+
+def is_config_set(argv) -> bool:
+    return (len(argv) >= 4 and bytes(argv[0]).lower() == b"config"
+            and bytes(argv[1]).lower() == b"set")
+
+
+def propose(stamper: TimeStamper, clock_ms: int, requests) -> bytes:
+    """The record for a batch of resolved requests (group commit), stamped now."""
+    requests = tuple(requests)
+    invariant(requests, "propose at least one request")
+    return encode_record(stamper.stamp(clock_ms), requests)

@@ -1,0 +1,174 @@
+"""The at-most-once table: request id -> result, for the last requests of each client.
+
+A client that does not hear back (leader change, timeout) retries the same
+request id. If the first attempt was applied, applying the retry would apply
+the write twice (two XADDs, two deliveries); instead apply returns the
+result it recorded the first time. The table is replicated state: every
+replica builds it from the same log, it is in the snapshot, and its
+evictions happen at the same log position everywhere.
+
+Bounds (all three written in the snapshot; the snapshot's values win):
+  max_clients         clients remembered; the least recently used is evicted
+  results_per_client  results kept per client, oldest evicted first
+  max_result_bytes    a larger result is kept as a ResultNotKept marker: a retry
+                      learns the request was applied, not its reply
+
+Guarantees and their limits:
+  * a retry of a request still in its client's window gets the original result;
+  * a retry of a request that fell out of the window (seq <= floor) gets
+    StaleRequest and changes nothing: never applied twice;
+  * a client evicted as least recently used is forgotten with its floor: a
+    retry arriving after max_clients other clients were served since its last
+    request is applied as new. Clients should not retry for that long.
+
+Encoding (big-endian):
+
+    +------------------+-------------------------+------------------------+--------------+
+    | max_clients u32  | results_per_client u32  | max_result_bytes u32   | nclients u32 |
+    +------------------+-------------------------+------------------------+--------------+
+    | nclients x client, least recently used first                                        |
+    +-------------------------------------------------------------------------------------+
+    client: | client_id u64 | floor u64 | nres u32 | nres x ( seq u64 | len u32 | result ) |
+      Invariant: client_id > 0 and unique; nres <= results_per_client; seqs unique,
+      > floor, in apply order; result = results.encode_result bytes, len <= max_result_bytes.
+"""
+import struct
+from collections import OrderedDict
+
+from ..engine.errors import CommandError
+from ..invariant import invariant
+from .errors import StaleRequest
+from .results import CorruptResult, decode_result, encode_result
+
+DEFAULT_MAX_CLIENTS = 1024
+DEFAULT_RESULTS_PER_CLIENT = 16
+DEFAULT_MAX_RESULT_BYTES = 16 << 10
+LIMIT_CAP = 1 << 24                  # no bound may exceed this (snapshot sanity)
+MIN_RESULT_BYTES = 256               # room for the ResultNotKept marker of any request id
+
+_HEAD = struct.Struct(">IIII")
+_CLIENT = struct.Struct(">QQI")
+_RES = struct.Struct(">QI")
+
+
+class CorruptSessions(ValueError):
+    pass
+
+
+class ResultNotKept(CommandError):
+    def __init__(self, client_id: int, seq: int):
+        super().__init__("ERR xraft: request %d of client %d was already applied; its reply was "
+                         "too large to keep for retries" % (seq, client_id))
+
+
+class _Client:
+    __slots__ = ("floor", "results")
+
+    def __init__(self, floor: int = 0):
+        self.floor = floor                   # Invariant: every evicted seq <= floor
+        self.results = OrderedDict()         # seq -> encoded result, in apply order
+
+
+class Sessions:
+    def __init__(self, max_clients: int = DEFAULT_MAX_CLIENTS,
+                 results_per_client: int = DEFAULT_RESULTS_PER_CLIENT,
+                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES):
+        for v in (max_clients, results_per_client, max_result_bytes):
+            invariant(type(v) is int and 1 <= v <= LIMIT_CAP, "session bound out of range")
+        invariant(max_result_bytes >= MIN_RESULT_BYTES, "max_result_bytes below the marker size")
+        self.max_clients = max_clients
+        self.results_per_client = results_per_client
+        self.max_result_bytes = max_result_bytes
+        self.clients = OrderedDict()         # client_id -> _Client, least recently used first
+
+    def __len__(self):
+        return len(self.clients)
+
+    def lookup(self, client_id: int, seq: int):
+        """(True, result) if the request was seen (its result, or StaleRequest),
+        (False, None) if it is new. Marks the client as recently used."""
+        invariant(client_id > 0 and seq > 0, "anonymous requests have no session")
+        client = self.clients.get(client_id)
+        if client is None:
+            return False, None
+        self.clients.move_to_end(client_id)
+        raw = client.results.get(seq)
+        if raw is not None:
+            return True, decode_result(raw)
+        if seq <= client.floor:
+            return True, StaleRequest(client_id, seq)
+        return False, None
+
+    def record(self, client_id: int, seq: int, result) -> None:
+        """Remember the result of a request just applied; evict over the bounds."""
+        invariant(client_id > 0 and seq > 0, "anonymous requests have no session")
+        client = self.clients.get(client_id)
+        if client is None:
+            client = self.clients[client_id] = _Client()
+        self.clients.move_to_end(client_id)
+        invariant(seq not in client.results and seq > client.floor, "a request recorded twice")
+        raw = encode_result(result)
+        if len(raw) > self.max_result_bytes:
+            raw = encode_result(ResultNotKept(client_id, seq))
+            invariant(len(raw) <= self.max_result_bytes, "the marker fits MIN_RESULT_BYTES")
+        client.results[seq] = raw
+        while len(client.results) > self.results_per_client:
+            old, _ = client.results.popitem(last=False)
+            client.floor = max(client.floor, old)
+        while len(self.clients) > self.max_clients:
+            self.clients.popitem(last=False)
+
+    # -- snapshot form -----------------------------------------------------------
+
+    def encode(self) -> bytes:
+        out = [_HEAD.pack(self.max_clients, self.results_per_client, self.max_result_bytes, len(self.clients))]
+        for client_id, client in self.clients.items():
+            out.append(_CLIENT.pack(client_id, client.floor, len(client.results)))
+            for seq, raw in client.results.items():
+                out += [_RES.pack(seq, len(raw)), raw]
+        return b"".join(out)
+
+    @classmethod
+    def decode(cls, buf: bytes) -> "Sessions":
+        """The table `encode` wrote; CorruptSessions on anything else."""
+        if len(buf) < _HEAD.size:
+            raise CorruptSessions("sessions header runs past the end")
+        max_clients, per_client, max_bytes, nclients = _HEAD.unpack_from(buf, 0)
+        for v in (max_clients, per_client, max_bytes):
+            if not 1 <= v <= LIMIT_CAP:
+                raise CorruptSessions("session bound %d out of range" % v)
+        if max_bytes < MIN_RESULT_BYTES:
+            raise CorruptSessions("max_result_bytes %d below %d" % (max_bytes, MIN_RESULT_BYTES))
+        if nclients > max_clients or nclients * _CLIENT.size > len(buf) - _HEAD.size:
+            raise CorruptSessions("bad client count %d" % nclients)
+        table = cls(max_clients, per_client, max_bytes)
+        pos = _HEAD.size
+        for _ in range(nclients):
+            if len(buf) - pos < _CLIENT.size:
+                raise CorruptSessions("client runs past the end")
+            client_id, floor, nres = _CLIENT.unpack_from(buf, pos)
+            pos += _CLIENT.size
+            if client_id == 0 or client_id in table.clients:
+                raise CorruptSessions("client id %d zero or repeated" % client_id)
+            if nres > per_client or nres * _RES.size > len(buf) - pos:
+                raise CorruptSessions("bad result count %d" % nres)
+            client = table.clients[client_id] = _Client(floor)
+            for _ in range(nres):
+                if len(buf) - pos < _RES.size:
+                    raise CorruptSessions("result header runs past the end")
+                seq, n = _RES.unpack_from(buf, pos)
+                pos += _RES.size
+                if seq <= floor or seq in client.results:
+                    raise CorruptSessions("seq %d at or below the floor, or repeated" % seq)
+                if n > max_bytes or n > len(buf) - pos:
+                    raise CorruptSessions("result of %d bytes" % n)
+                raw = buf[pos:pos + n]
+                pos += n
+                try:
+                    decode_result(raw)
+                except CorruptResult as e:
+                    raise CorruptSessions("client %d seq %d: %s" % (client_id, seq, e)) from None
+                client.results[seq] = raw
+        if pos != len(buf):
+            raise CorruptSessions("%d trailing bytes" % (len(buf) - pos))
+        return table
