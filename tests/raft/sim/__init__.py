@@ -1,0 +1,1 @@
+"""The seeded whole-cluster Raft simulator (see docs/simulator.md)."""
