@@ -1,0 +1,374 @@
+"""The stream commands without consumer groups: XADD, XRANGE, XREVRANGE, XLEN,
+XDEL, XTRIM, XREAD and XSETID, with redis 7.0's arguments, replies and errors.
+
+Every handler parses and checks all of its arguments (and the types of the
+keys it touches) before it changes anything, so an error leaves the keyspace
+as it was. Where redis checks things in a particular order (which error wins
+when several apply) the order below is redis's.
+
+Time: XADD `*` and `<ms>-*` are the only time-dependent forms; the time is the
+`now_ms` the leader stamped on the command, never a clock.
+"""
+from dataclasses import dataclass
+
+from .commands import BLOCKING, READONLY, WRITE, command
+from .errors import NO_SUCH_KEY, CommandError, syntax_error, wrong_arity
+from ..invariant import invariant
+from .replies import NULL_ARRAY, OK, WouldBlock
+from .stream import Stream
+from .stream_args import (
+    XREAD_BLOCKED_DEFAULT_COUNT, entries_reply, last_valid_id, lookup_stream, parse_count,
+    parse_int, parse_interval, parse_xread_args, take,
+)
+from .streamid import MAX_ID, MIN_ID, UINT64_MAX, StreamID, format_id, parse_id, parse_strict_id
+
+# redis refuses an entry whose fields and values add up to more than this
+# (STREAM_LISTPACK_MAX_SIZE: a listpack must stay addressable with 32 bits).
+ENTRY_MAX_BYTES = 1 << 30
+
+MAXLEN = "maxlen"
+MINID = "minid"
+
+_ERR_BOTH_STRATEGIES = "ERR syntax error, MAXLEN and MINID options at the same time are not compatible"
+_ERR_ID_ZERO = "ERR The ID specified in XADD must be greater than 0-0"
+_ERR_ID_TOO_SMALL = "ERR The ID specified in XADD is equal or smaller than the target stream top item"
+_ERR_EXHAUSTED = "ERR The stream has exhausted the last possible ID, unable to add more items"
+_ERR_TOO_LARGE = "ERR Elements are too large to be stored"
+
+
+# -- XADD / XTRIM options -----------------------------------------------------
+
+@dataclass
+class AddTrimArgs:
+    """What redis streamParseAddOrTrimArgsOrReply extracts from XADD/XTRIM."""
+    strategy: str | None = None     # MAXLEN, MINID or None
+    maxlen: int = 0
+    minid: StreamID = MIN_ID
+    approx: bool = False
+    limit: int = 0                  # most entries one trim may remove; 0 = no limit
+    no_mkstream: bool = False
+    id: StreamID | None = None      # XADD's explicit ID, None for `*`
+    seq_given: bool = True          # False for `<ms>-*`
+    id_pos: int = 0                 # argv index of XADD's ID argument
+
+    @property
+    def threshold(self):
+        return self.maxlen if self.strategy == MAXLEN else self.minid
+
+
+def _approx_marker(arg: bytes) -> str | None:
+    """'~' or '=' when the argument is exactly one of them."""
+    if arg == b"~":
+        return "~"
+    if arg == b"=":
+        return "="
+    return None
+
+
+def parse_add_or_trim_args(argv, xadd: bool, node_max_entries: int) -> AddTrimArgs:
+    """Options of XADD (up to its ID) or XTRIM, checked in redis's order."""
+    args = AddTrimArgs()
+    n = len(argv)
+    limit_given = False
+    i = 2
+    while i < n:
+        more = n - 1 - i
+        opt = argv[i]
+        low = opt.lower()
+        if xadd and opt == b"*":
+            break                                   # auto ID: the options end here
+        if low in (b"maxlen", b"minid") and more:
+            if args.strategy is not None:
+                raise CommandError(_ERR_BOTH_STRATEGIES)
+            args.approx = False
+            marker = _approx_marker(argv[i + 1]) if more >= 2 else None
+            if marker is not None:
+                args.approx = marker == "~"
+                i += 1
+            if low == b"maxlen":
+                args.maxlen = parse_int(argv[i + 1])
+                if args.maxlen < 0:
+                    raise CommandError("ERR The MAXLEN argument must be >= 0.")
+                args.strategy = MAXLEN
+            else:
+                args.minid = parse_strict_id(argv[i + 1])
+                args.strategy = MINID
+            i += 1
+        elif low == b"limit" and more:
+            args.limit = parse_int(argv[i + 1])
+            if args.limit < 0:
+                raise CommandError("ERR The LIMIT argument must be >= 0.")
+            limit_given = True
+            i += 1
+        elif xadd and low == b"nomkstream":
+            args.no_mkstream = True
+        elif xadd:
+            # Not an option, so it must be the ID (or a syntax error reported as a bad ID).
+            sid, seq_given = parse_id(opt, 0, strict=True, allow_seq_star=True)
+            args.id, args.seq_given = sid, seq_given
+            break
+        else:
+            raise syntax_error()
+        i += 1
+    args.id_pos = i
+
+    if args.limit and args.strategy is None:
+        raise CommandError("ERR syntax error, LIMIT cannot be used without specifying a trimming strategy")
+    if not xadd and args.strategy is None:
+        raise CommandError("ERR syntax error, XTRIM must be called with a trimming strategy")
+    if limit_given:
+        if not args.approx:
+            raise CommandError("ERR syntax error, LIMIT cannot be used without the special ~ option")
+    elif args.approx:
+        # Bound the work of an approximate trim to about 100 nodes (redis's default).
+        args.limit = 100 * node_max_entries
+        if args.limit <= 0:
+            args.limit = 10000
+        args.limit = min(args.limit, 1000000)
+    else:
+        args.limit = 0                              # exact trims are never limited
+    return args
+
+
+def _trim(stream, args: AddTrimArgs) -> int:
+    if args.strategy is None:
+        return 0
+    return stream.trim(args.strategy, args.threshold, args.approx, args.limit)
+
+
+# -- XADD ---------------------------------------------------------------------
+
+def _new_entry_id(stream, args: AddTrimArgs, now_ms: int) -> StreamID:
+    """The ID XADD gives the new entry, or the redis error (streamAppendItem)."""
+    last_id = stream.last_id
+    if args.id is None:
+        invariant(0 <= now_ms <= UINT64_MAX, "now_ms is a uint64 millisecond time")
+        sid = stream.next_auto_id(now_ms)
+        if sid is None:                             # unreachable: last_id == MAX_ID refused before
+            raise CommandError(_ERR_ID_TOO_SMALL)
+    elif not args.seq_given:                        # <ms>-*
+        if args.id.ms == last_id.ms:
+            if last_id.seq == UINT64_MAX:
+                # redis fails here without setting errno to EDOM, so its
+                # client sees the "too large" text, not the ID one.
+                raise CommandError(_ERR_TOO_LARGE)
+            sid = StreamID(last_id.ms, last_id.seq + 1)
+        else:
+            sid = args.id
+    else:
+        sid = args.id
+    if sid <= last_id:
+        raise CommandError(_ERR_ID_TOO_SMALL)
+    return sid
+
+
+@command("xadd", -5, (WRITE,), 1, 1, 1)
+def xadd(db, argv, now_ms):
+    """XADD key [NOMKSTREAM] [MAXLEN|MINID [=|~] threshold [LIMIT count]] *|id field value [...]"""
+    args = parse_add_or_trim_args(argv, True, db.config.stream_node_max_entries)
+    field_pos = args.id_pos + 1
+    nfields = len(argv) - field_pos
+    if nfields < 2 or nfields % 2:
+        raise wrong_arity("xadd")
+    if args.id is not None and args.seq_given and args.id == MIN_ID:
+        raise CommandError(_ERR_ID_ZERO)
+
+    key = argv[1]
+    stream = lookup_stream(db, key)
+    if stream is None and args.no_mkstream:
+        return None
+    # A new stream is built aside and stored only once nothing can fail.
+    target = stream if stream is not None else Stream()
+    if target.last_id == MAX_ID:
+        raise CommandError(_ERR_EXHAUSTED)
+    sid = _new_entry_id(target, args, now_ms)
+    fields = argv[field_pos:]
+    if sum(len(f) for f in fields) > ENTRY_MAX_BYTES:
+        raise CommandError(_ERR_TOO_LARGE)
+
+    # Everything is checked: from here on the command succeeds.
+    if stream is None:
+        db.set(key, target)
+    target.append(sid, list(fields), db.config.stream_node_max_bytes, db.config.stream_node_max_entries)
+    _trim(target, args)
+    db.signal_ready(key)
+    return format_id(sid)
+
+
+# -- XRANGE / XREVRANGE / XLEN ------------------------------------------------
+
+def _range(db, argv, reverse: bool):
+    start_arg, end_arg = (argv[3], argv[2]) if reverse else (argv[2], argv[3])
+    start, end = parse_interval(start_arg, end_arg)
+    count = -1                                      # -1: no COUNT given
+    n = len(argv)
+    j = 4
+    while j < n:
+        if argv[j].lower() == b"count" and n - j - 1 >= 1:
+            count = parse_count(argv[j + 1])
+            j += 2
+        else:
+            raise syntax_error()
+    stream = lookup_stream(db, argv[1])
+    if stream is None:
+        return []
+    if count == 0:
+        return NULL_ARRAY                           # redis: COUNT 0 (or negative) is a null array
+    if start > end:
+        return []
+    return entries_reply(take(stream.iter_range(start, end, reverse=reverse), max(count, 0)))
+
+
+@command("xrange", -4, (READONLY,), 1, 1, 1)
+def xrange(db, argv, now_ms):
+    """XRANGE key start end [COUNT count]"""
+    return _range(db, argv, False)
+
+
+@command("xrevrange", -4, (READONLY,), 1, 1, 1)
+def xrevrange(db, argv, now_ms):
+    """XREVRANGE key end start [COUNT count]"""
+    return _range(db, argv, True)
+
+
+@command("xlen", 2, (READONLY,), 1, 1, 1)
+def xlen(db, argv, now_ms):
+    """XLEN key"""
+    stream = lookup_stream(db, argv[1])
+    return 0 if stream is None else stream.length
+
+
+# -- XDEL / XTRIM -------------------------------------------------------------
+
+@command("xdel", -3, (WRITE,), 1, 1, 1)
+def xdel(db, argv, now_ms):
+    """XDEL key id [id ...]: the number of entries deleted."""
+    stream = lookup_stream(db, argv[1])
+    if stream is None:
+        return 0                                    # redis answers before looking at the IDs
+    ids = [parse_strict_id(arg) for arg in argv[2:]]   # all valid, or nothing is deleted
+    # The bookkeeping below is redis xdelCommand's. Stream.delete does the same
+    # for itself; doing it here too is idempotent and keeps XDEL right whichever
+    # layer owns it.
+    deleted = 0
+    first_deleted = False
+    for sid in ids:
+        was_first = sid == stream.first_id
+        if stream.delete(sid):
+            first_deleted = first_deleted or was_first
+            if sid > stream.max_deleted_entry_id:
+                stream.max_deleted_entry_id = sid
+            deleted += 1
+    if deleted:
+        if stream.length == 0:
+            stream.first_id = MIN_ID
+        elif first_deleted:
+            stream.first_id = stream.first_entry()[0]
+    return deleted
+
+
+@command("xtrim", -4, (WRITE,), 1, 1, 1)
+def xtrim(db, argv, now_ms):
+    """XTRIM key MAXLEN|MINID [=|~] threshold [LIMIT count]: entries removed."""
+    args = parse_add_or_trim_args(argv, False, db.config.stream_node_max_entries)
+    stream = lookup_stream(db, argv[1])
+    if stream is None:
+        return 0
+    return _trim(stream, args)
+
+
+# -- XSETID -------------------------------------------------------------------
+
+@command("xsetid", -3, (WRITE,), 1, 1, 1)
+def xsetid(db, argv, now_ms):
+    """XSETID key last-id [ENTRIESADDED entries-added] [MAXDELETEDID max-deleted-id]"""
+    sid = parse_strict_id(argv[2])
+    entries_added = -1                              # -1: not given
+    max_deleted = MIN_ID                            # 0-0: not given (or given as 0-0)
+    n = len(argv)
+    i = 3
+    while i < n:
+        more = n - 1 - i
+        opt = argv[i].lower()
+        if opt == b"entriesadded" and more:
+            entries_added = parse_int(argv[i + 1])
+            if entries_added < 0:
+                raise CommandError("ERR entries_added must be positive")
+        elif opt == b"maxdeletedid" and more:
+            max_deleted = parse_strict_id(argv[i + 1])
+            if sid < max_deleted:
+                raise CommandError("ERR The ID specified in XSETID is smaller than the provided max_deleted_entry_id")
+        else:
+            raise syntax_error()
+        i += 2
+
+    stream = lookup_stream(db, argv[1])
+    if stream is None:
+        raise CommandError(NO_SUCH_KEY)
+    if stream.length > 0:
+        if sid < last_valid_id(stream):
+            raise CommandError("ERR The ID specified in XSETID is smaller than the target stream top item")
+        if entries_added != -1 and stream.length > entries_added:
+            raise CommandError("ERR The entries_added specified in XSETID is smaller than the target stream length")
+
+    stream.last_id = sid
+    if entries_added != -1:
+        stream.entries_added = entries_added
+    if max_deleted != MIN_ID:
+        stream.max_deleted_entry_id = max_deleted
+    return OK
+
+
+# -- XREAD --------------------------------------------------------------------
+
+@command("xread", -4, (READONLY, BLOCKING), 0, 0, 0)
+def xread(db, argv, now_ms):
+    """XREAD [COUNT count] [BLOCK milliseconds] STREAMS key [key ...] id [id ...]
+
+    Keys are found after the STREAMS keyword (redis: movable keys, 0 0 0)."""
+    args = parse_xread_args(argv, False)
+    after = []                                      # per stream: serve IDs greater than this
+    for key, id_arg in zip(args.keys, args.id_args):
+        stream = lookup_stream(db, key)             # WRONGTYPE comes before this ID's own errors
+        if id_arg == b"$":
+            after.append(stream.last_id if stream is not None else MIN_ID)
+        elif id_arg == b">":
+            raise CommandError("ERR The > ID can be specified only when calling XREADGROUP "
+                               "using the GROUP <group> <consumer> option.")
+        else:
+            after.append(parse_strict_id(id_arg))
+
+    reply = []
+    for key, gt in zip(args.keys, after):
+        stream = lookup_stream(db, key)
+        if stream is None or stream.length == 0:
+            continue
+        if last_valid_id(stream) <= gt:
+            continue
+        start = gt.incr()                           # gt < last entry <= MAX_ID: never None
+        items = take(stream.iter_range(start, MAX_ID), args.count)
+        reply.append([key, entries_reply(items)])
+    if reply:
+        return reply
+    if args.timeout_ms == -1:
+        return NULL_ARRAY
+    return WouldBlock(_unique(args.keys), args.timeout_ms, _xread_retry_argv(argv, args, after))
+
+
+def _unique(keys) -> list:
+    return list(dict.fromkeys(keys))
+
+
+def _xread_retry_argv(argv, args, after) -> list:
+    """argv with each `$` replaced by the ID it stood for now, and, without a
+    COUNT, COUNT 1000 (redis serves a woken XREAD at most that many per stream)."""
+    retry = list(argv)
+    ids_pos = args.streams_pos + len(args.keys)
+    for i, id_arg in enumerate(args.id_args):
+        if id_arg == b"$":
+            retry[ids_pos + i] = format_id(after[i])
+    if args.count == 0:
+        # Just before STREAMS, so it overrides any COUNT 0 given earlier.
+        streams_kw = args.streams_pos - 1
+        retry[streams_kw:streams_kw] = [b"COUNT", b"%d" % XREAD_BLOCKED_DEFAULT_COUNT]
+    return retry
