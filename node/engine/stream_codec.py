@@ -1,0 +1,239 @@
+"""Snapshot encoding of one stream: its entries, then its consumer groups.
+
+All integers are big-endian. The whole record:
+
+    +---------+---------+------------------+----------------------+-------------+
+    | "XSTR"  | version |  entries_len u32 | entries (entries_len)| groups ...  |
+    | 4 bytes | u8 = 1  |                  | Stream.dump_entries()|             |
+    +---------+---------+------------------+----------------------+-------------+
+    ... | crc32 u32 |        zlib.crc32 of every byte before it
+
+    groups:
+    +----------------+-------------------------------------------------------+
+    | ngroups  u32   | ngroups x group                                       |
+    +----------------+-------------------------------------------------------+
+    (ngroups == 0xFFFFFFFF: the stream never had a group, stream.cgroups is None)
+
+    group:
+    +-----------+-----------+--------------+------------------+
+    | name_len  | name      | last_id      | entries_read i64 |
+    | u32       | name_len  | 16 bytes ID  | -1 or >= 0       |
+    +-----------+-----------+--------------+------------------+
+    | npel u32  | npel x nack: ID (16) | delivery_time i64 | delivery_count u64 |
+    +-----------+----------------------------------------------------------------+
+    | nconsumers u32 | nconsumers x consumer                                     |
+    +----------------+-----------------------------------------------------------+
+
+    consumer:
+    +-----------+-----------+----------------+-----------+------------------+
+    | name_len  | name      | seen_time i64  | npel u32  | npel x ID (16)   |
+    +-----------+-----------+----------------+-----------+------------------+
+
+A 16-byte ID is StreamID.encode(): ms u64 then seq u64, so byte order is ID
+order. Group names, group PEL IDs, consumer names and each consumer's PEL IDs
+are written in strictly ascending byte order (rax order); the loader insists
+on it, which also rules out duplicates.
+
+Sharing: a NACK is written once, in its group's PEL, without its owner; each
+consumer lists the IDs it owns. The loader gives every consumer the very NACK
+object of the group PEL and requires that every NACK end up with exactly one
+owner: the consumer PELs partition the group PEL, as at run time.
+
+Nothing read is trusted: every length is checked against the bytes that are
+left and against the limits below before anything is allocated, and the CRC
+is checked before any of it is parsed.
+"""
+import struct
+import zlib
+
+from . import groups as g
+from .rax import Rax
+from .stream import Stream
+from .streamid import StreamID
+
+MAGIC = b"XSTR"
+VERSION = 1
+NO_GROUPS = 0xFFFFFFFF          # ngroups value: cgroups is None
+
+# Limits on what a snapshot may hold (a bigger count is corruption, not data).
+MAX_NAME_LEN = 512 * 1024 * 1024    # redis proto-max-bulk-len default
+MAX_GROUPS = 1 << 24
+MAX_CONSUMERS = 1 << 24
+MAX_PEL = 1 << 30
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_UINT64_MAX = (1 << 64) - 1
+_ID_LEN = 16
+_HEADER = struct.Struct(">4sBI")    # magic, version, entries_len
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+_NACK_TAIL = struct.Struct(">qQ")  # delivery_time, delivery_count
+
+
+class CorruptStreamState(ValueError):
+    """The bytes are not a stream snapshot this code wrote."""
+
+
+# -- dump ------------------------------------------------------------------------
+
+def dump_stream(stream) -> bytes:
+    """The snapshot record of `stream` (entries, groups, consumers, PELs)."""
+    entries = stream.dump_entries()
+    out = [_HEADER.pack(MAGIC, VERSION, len(entries)), entries]
+    if stream.cgroups is None:
+        out.append(_U32.pack(NO_GROUPS))
+    else:
+        out.append(_U32.pack(stream.cgroups.numele))
+        for name, group in stream.cgroups.items():
+            _dump_group(out, name, group)
+    body = b"".join(out)
+    return body + _U32.pack(zlib.crc32(body))
+
+
+def _dump_group(out: list, name: bytes, group) -> None:
+    g.check_group(group)
+    out.append(_U32.pack(len(name)))
+    out.append(name)
+    out.append(group.last_id.encode())
+    out.append(_I64.pack(group.entries_read))
+    out.append(_U32.pack(group.pel.numele))
+    for key, nack in group.pel.items():
+        out.append(key)
+        out.append(_NACK_TAIL.pack(nack.delivery_time, nack.delivery_count))
+    out.append(_U32.pack(group.consumers.numele))
+    for cname, consumer in group.consumers.items():
+        out.append(_U32.pack(len(cname)))
+        out.append(cname)
+        out.append(_I64.pack(consumer.seen_time))
+        out.append(_U32.pack(consumer.pel.numele))
+        for key, _ in consumer.pel.items():
+            out.append(key)
+
+
+# -- load ------------------------------------------------------------------------
+
+class _Reader:
+    """Bounds-checked reads over the record body."""
+
+    __slots__ = ("buf", "pos", "end")
+
+    def __init__(self, buf: bytes, pos: int, end: int):
+        self.buf, self.pos, self.end = buf, pos, end
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.end - self.pos < n:
+            raise CorruptStreamState("stream snapshot truncated")
+        chunk = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return chunk
+
+    def u32(self) -> int:
+        return _U32.unpack(self.take(4))[0]
+
+    def i64(self) -> int:
+        return _I64.unpack(self.take(8))[0]
+
+    def count(self, limit: int, record_len: int, what: str) -> int:
+        """A u32 element count, within `limit` and the bytes left."""
+        n = self.u32()
+        if n > limit or n * record_len > self.end - self.pos:
+            raise CorruptStreamState(f"stream snapshot: bad {what} count {n}")
+        return n
+
+    def name(self, what: str) -> bytes:
+        n = self.u32()
+        if n > MAX_NAME_LEN:
+            raise CorruptStreamState(f"stream snapshot: {what} name too long")
+        return self.take(n)
+
+
+def load_stream(buf) -> Stream:
+    """The stream `dump_stream` wrote; CorruptStreamState on anything else."""
+    if not isinstance(buf, (bytes, bytearray, memoryview)):
+        raise CorruptStreamState("stream snapshot is not bytes")
+    buf = bytes(buf)
+    if len(buf) < _HEADER.size + 4 + 4:
+        raise CorruptStreamState("stream snapshot too short")
+    body_end = len(buf) - 4
+    if zlib.crc32(buf[:body_end]) != _U32.unpack(buf[body_end:])[0]:
+        raise CorruptStreamState("stream snapshot checksum mismatch")
+    magic, version, entries_len = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC or version != VERSION:
+        raise CorruptStreamState("not a stream snapshot (magic/version)")
+    reader = _Reader(buf, _HEADER.size, body_end)
+    entries = reader.take(entries_len)
+    try:
+        stream = Stream.load_entries(entries)
+    except CorruptStreamState:
+        raise
+    except (ValueError, IndexError, KeyError, struct.error) as e:
+        raise CorruptStreamState(f"stream snapshot: bad entries: {e}") from e
+
+    ngroups = reader.u32()
+    if ngroups != NO_GROUPS:
+        if ngroups > MAX_GROUPS or ngroups * 36 > reader.end - reader.pos:
+            raise CorruptStreamState(f"stream snapshot: bad group count {ngroups}")
+        stream.cgroups = Rax()
+        prev = None
+        for _ in range(ngroups):
+            name = reader.name("group")
+            if prev is not None and name <= prev:
+                raise CorruptStreamState("stream snapshot: groups out of order")
+            prev = name
+            stream.cgroups.insert(name, _load_group(reader, stream))
+    if reader.pos != reader.end:
+        raise CorruptStreamState("stream snapshot: trailing bytes")
+    g.check_groups(stream)
+    return stream
+
+
+def _read_id(reader: _Reader) -> bytes:
+    return reader.take(_ID_LEN)
+
+
+def _load_group(reader: _Reader, stream):
+    last_id = StreamID.decode(_read_id(reader))
+    entries_read = reader.i64()
+    if entries_read < g.ENTRIES_READ_UNKNOWN:
+        raise CorruptStreamState("stream snapshot: negative entries_read")
+    group = g.ConsumerGroup(last_id, entries_read)
+
+    npel = reader.count(MAX_PEL, _ID_LEN + _NACK_TAIL.size, "group PEL")
+    prev = None
+    for _ in range(npel):
+        key = _read_id(reader)
+        if prev is not None and key <= prev:
+            raise CorruptStreamState("stream snapshot: group PEL out of order")
+        prev = key
+        delivery_time, delivery_count = _NACK_TAIL.unpack(reader.take(_NACK_TAIL.size))
+        group.pel.insert(key, g.NACK(delivery_time, delivery_count, None))
+
+    nconsumers = reader.count(MAX_CONSUMERS, 16, "consumer")
+    prev = None
+    owned = 0
+    for _ in range(nconsumers):
+        name = reader.name("consumer")
+        if prev is not None and name <= prev:
+            raise CorruptStreamState("stream snapshot: consumers out of order")
+        prev = name
+        consumer = g.Consumer(name, reader.i64())
+        n = reader.count(MAX_PEL, _ID_LEN, "consumer PEL")
+        prev_key = None
+        for _ in range(n):
+            key = _read_id(reader)
+            if prev_key is not None and key <= prev_key:
+                raise CorruptStreamState("stream snapshot: consumer PEL out of order")
+            prev_key = key
+            nack = group.pel.find(key, None)
+            if nack is None:
+                raise CorruptStreamState("stream snapshot: consumer owns an ID the group PEL lacks")
+            if nack.consumer is not None:
+                raise CorruptStreamState("stream snapshot: pending entry owned twice")
+            nack.consumer = consumer
+            consumer.pel.insert(key, nack)
+        owned += n
+        group.consumers.insert(name, consumer)
+    if owned != group.pel.numele:
+        raise CorruptStreamState("stream snapshot: pending entry without an owner")
+    return group
