@@ -9,7 +9,7 @@ Time: delivery times, seen-times and idle times use the command's stamped
 from . import groups as g
 from .commands import BLOCKING, READONLY, WRITE, command, unknown_subcommand
 from .errors import CommandError, NoGroupError, syntax_error, wrong_arity
-from .replies import NULL_ARRAY, OK, Status, WouldBlock
+from .replies import NULL_ARRAY, OK, PairMap, Status, WouldBlock
 from .stream import Stream
 from .stream_args import (
     XREAD_BLOCKED_DEFAULT_COUNT, entry_reply, last_valid_id, lookup_stream, parse_count, parse_int,
@@ -209,7 +209,7 @@ def xreadgroup(db, argv, now_ms):
 
     # All checked. Serve stream by stream: an earlier stream's delivery can
     # change what a later one (the same key named twice) has to serve.
-    reply = []
+    reply = PairMap()  # RESP3: a map of key -> entries; RESP2: [key, entries] pairs
     for key, after in targets:
         stream = lookup_stream(db, key)
         group = g.lookup_group(stream, args.group)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .commands import BLOCKING, READONLY, WRITE, command
 from .errors import NO_SUCH_KEY, CommandError, syntax_error, wrong_arity
 from ..invariant import invariant
-from .replies import NULL_ARRAY, OK, WouldBlock
+from .replies import NULL_ARRAY, OK, PairMap, WouldBlock
 from .stream import Stream
 from .stream_args import (
     XREAD_BLOCKED_DEFAULT_COUNT, entries_reply, last_valid_id, lookup_stream, parse_count,
@@ -338,7 +338,7 @@ def xread(db, argv, now_ms):
         else:
             after.append(parse_strict_id(id_arg))
 
-    reply = []
+    reply = PairMap()  # RESP3: a map of key -> entries; RESP2: [key, entries] pairs
     for key, gt in zip(args.keys, after):
         stream = lookup_stream(db, key)
         if stream is None or stream.length == 0:

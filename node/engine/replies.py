@@ -5,12 +5,21 @@
     None         null bulk string (RESP2 $-1)      RESP3 '_'
     NULL_ARRAY   null array (RESP2 *-1)            RESP3 '_'
     list/tuple   array                            *n
+    PairMap      [k, v] pairs: RESP3 map '%'; RESP2 an array of 2-element arrays
     Status       simple string                    +OK
     dict         map (RESP3 '%'); RESP2 flattens it to an array k1 v1 k2 v2 ...
                  insertion order is the wire order; keys are bytes
 
 Errors are not values: commands raise `errors.EngineError`.
 """
+
+
+class PairMap(list):
+    """[key, value] pairs that redis sends as a map in RESP3 and as an array of
+    two-element arrays in RESP2 — XREAD and XREADGROUP reply this way (addReplyMapLen
+    on a RESP2 client is not the flattened form a dict gets). Elements are [key, value]."""
+
+    __slots__ = ()
 
 
 class Status(str):

@@ -103,9 +103,11 @@ def parse_config_set(argv) -> list:
     for name, raw in pairs:
         name = bytes(name).lower()          # a bad value names the setting as registered
         setting = _SETTINGS[name]
-        raw = bytes(raw).split(b"\0", 1)[0]     # redis parses the value as a C string
+        raw = bytes(raw)
         if setting.memory:
-            value = _memtoull(raw)
+            # memtoull reads a C string: a NUL ends the value. Integers go through the
+            # length-aware string2ll instead, so "5\0x" is not an integer there.
+            value = _memtoull(raw.split(b"\0", 1)[0])
             if value is None:
                 raise _failed(name, "argument must be a memory value")
         else:

@@ -15,6 +15,7 @@ integers are big-endian.
     | '+' | len u32 , utf-8                 | Status (simple string)               |
     | '*' | n u32 , n x value               | array (list or tuple: decoded list)  |
     | '%' | n u32 , n x (value, value)      | map (dict, insertion order kept)     |
+    | 'P' | n u32 , n x (value, value)      | PairMap ([key, value] pairs)         |
     | '-' | len u32 , utf-8                 | EngineError (message; code = 1st wd) |
     +-----+---------------------------------+--------------------------------------+
 
@@ -26,7 +27,7 @@ wire by their text alone (errors.py, server/wire_errors.py).
 import struct
 
 from ..engine.errors import EngineError
-from ..engine.replies import NULL_ARRAY, Status
+from ..engine.replies import NULL_ARRAY, PairMap, Status
 from ..invariant import invariant
 
 MAX_DEPTH = 32
@@ -66,6 +67,11 @@ def _encode(v, out: list, depth: int) -> None:
     elif type(v) is int:
         invariant(_I64_MIN <= v <= _I64_MAX, "integer reply out of int64")
         out += [b"i", _I64.pack(v)]
+    elif type(v) is PairMap:
+        out += [b"P", _U32.pack(len(v))]
+        for k, x in v:
+            _encode(k, out, depth + 1)
+            _encode(x, out, depth + 1)
     elif isinstance(v, (list, tuple)):
         out += [b"*", _U32.pack(len(v))]
         for x in v:
@@ -145,4 +151,14 @@ def _decode(buf: bytes, pos: int, depth: int):
                 raise CorruptResult("map key not bytes or repeated")
             out[k] = x
         return out, pos
+    if tag == b"P":
+        n, pos = _len(buf, pos)
+        if 2 * n > len(buf) - pos:
+            raise CorruptResult("pair map of %d runs past the end" % n)
+        pairs = PairMap()
+        for _ in range(n):
+            k, pos = _decode(buf, pos, depth + 1)
+            x, pos = _decode(buf, pos, depth + 1)
+            pairs.append([k, x])
+        return pairs, pos
     raise CorruptResult("unknown tag %r" % tag)

@@ -34,7 +34,7 @@ RESP2 or RESP3 exactly as redis's addReply* functions do.
 import math
 
 from xraft.node.engine.errors import EngineError
-from xraft.node.engine.replies import NULL_ARRAY, Status
+from xraft.node.engine.replies import NULL_ARRAY, PairMap, Status
 
 PROTO_INLINE_MAX_SIZE = 64 * 1024  # server.h
 DEFAULT_PROTO_MAX_BULK_LEN = 512 * 1024 * 1024  # proto-max-bulk-len
@@ -483,6 +483,15 @@ def _encode(v, out, resp3, depth):
             raise ValueError("reply nested too deeply")
         out.append((b"%%%d\r\n" if resp3 else b"*%d\r\n") % (len(v) if resp3 else 2 * len(v)))
         for k, x in v.items():
+            _encode(k, out, resp3, depth + 1)
+            _encode(x, out, resp3, depth + 1)
+    elif t is PairMap:
+        if depth >= MAX_REPLY_DEPTH:
+            raise ValueError("reply nested too deeply")
+        out.append((b"%%%d\r\n" if resp3 else b"*%d\r\n") % len(v))
+        for k, x in v:
+            if not resp3:
+                out.append(b"*2\r\n")
             _encode(k, out, resp3, depth + 1)
             _encode(x, out, resp3, depth + 1)
     elif t is bool:  # addReplyBool: RESP2 has no boolean, it sends :1 / :0

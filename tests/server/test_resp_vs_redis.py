@@ -272,3 +272,26 @@ def test_reply_shapes_are_what_the_engine_model_says(reply_conns):
     argv = (b"XREAD", b"STREAMS", b"s", b"t", b"4", b"0")
     pairs, m = _decode(reply_conns[2].call(*argv)), _decode(reply_conns[3].call(*argv))
     assert list(m) == [b"s", b"t"] and pairs == [[k, x] for k, x in m.items()]
+
+
+def test_engine_xread_replies_encode_like_redis_in_both_protocols(reply_conns):
+    """XREAD/XREADGROUP are PairMaps in the engine: RESP3 map, RESP2 [key, entries] pairs."""
+    from xraft.node.engine.commands import execute
+    from xraft.node.engine.keyspace import Keyspace
+
+    db = Keyspace()
+    for i in range(5):
+        execute(db, [b"XADD", b"s", b"%d-0" % (i + 1), b"field", b"v%d" % i, b"n", b"%d" % i], 0)
+    execute(db, [b"XADD", b"t", b"1-1", b"a", b"b"], 0)
+    argv = [b"XREAD", b"STREAMS", b"s", b"t", b"4", b"0"]
+    reply = execute(db, argv, 0)
+    assert encode_reply(reply, 2) == reply_conns[2].call(*argv)
+    assert encode_reply(reply, 3) == reply_conns[3].call(*argv)
+    execute(db, [b"XGROUP", b"CREATE", b"s", b"gx", b"0"], 0)
+    reply_conns[2].call(b"XGROUP", b"CREATE", b"s", b"gx", b"0")
+    reply_conns[2].call(b"XGROUP", b"CREATE", b"s", b"gy", b"0")
+    execute(db, [b"XGROUP", b"CREATE", b"s", b"gy", b"0"], 0)
+    for proto, group in ((2, b"gx"), (3, b"gy")):
+        argv = [b"XREADGROUP", b"GROUP", group, b"c", b"COUNT", b"2", b"STREAMS", b"s", b">"]
+        reply = execute(db, argv, 0)
+        assert encode_reply(reply, proto) == reply_conns[proto].call(*argv)
