@@ -5,14 +5,24 @@
 (1) WAL: records/s for 100-byte records appended in batches of 1, 16 and 256
     with one sync() (one write + one fdatasync) per batch, fsync=always; beside
     it, in the same run and directory, a plain os.write + os.fsync loop of
-    100-byte writes (and the same loop with os.fdatasync, which the WAL uses). Also DiskStorage.save()+sync() of 100-byte entries in
-    batches of 256 (adds entry encoding and indexing on top of the WAL).
+    100-byte writes (and the same loop with os.fdatasync, which the WAL uses).
+    Also DiskStorage.save()+sync() of 100-byte entries in batches of 256 (adds
+    entry encoding and indexing on top of the WAL). --no-wal skips (1).
 (2) Raft: committed entries/s for a 3-voter group in one process, MemoryStorage,
-    100-byte entries proposed through RawNode.propose() in batches (one Ready
-    cycle per batch), every node following the Ready contract (persist, sync,
-    send, apply, advance), storage compacted to the last 2000 applied entries
-    after each batch. Counted on the leader as committed entries handed to the
-    application. Also: the same with each batch as ONE multi-entry MsgProp.
+    100-byte entries, public RawNode API only, every node following the Ready
+    contract (persist, sync, send, apply, advance), storage compacted to the last
+    2000 applied entries after each round; one round = `batch` entries proposed,
+    then Ready cycles until the group is idle. Counted on the leader as committed
+    entries handed to the application. Two ways in: `batch` RawNode.propose()
+    calls per round ("single"), and one RawNode.propose_batch() of `batch`
+    entries per round. Reported per wall-clock second and per CPU second
+    (time.process_time: the machine is shared, so wall-clock varies with load).
+(3) Idle groups: 500 follower RawNodes (3-voter groups whose leader is elsewhere)
+    ticked 10 times a second for a few seconds, has_ready() checked after each
+    tick as a driver does: CPU % of one core. Once with ticks only (election
+    timeout 100 ticks, so nothing fires within the run), once with the leader's
+    heartbeat delivered every tick (the default heartbeat_tick=1) and each
+    resulting Ready handled (the response is dropped).
 
 Every figure is measured; nothing is estimated or extrapolated.
 """
@@ -35,7 +45,6 @@ from xraft.node.raft.storage import MemoryStorage  # noqa: E402
 from xraft.node.raft.types import (  # noqa: E402
     ConfState,
     Entry,
-    EntryType,
     HardState,
     Message,
     MessageType as MT,
@@ -51,14 +60,21 @@ ENTRY_BYTES = 100
 
 def _timed_loop(seconds: float, step) -> tuple[int, float]:
     """Call step() (returns units done) until `seconds` elapsed: (units, elapsed)."""
+    n, wall, _ = _timed_loop_cpu(seconds, step)
+    return n, wall
+
+
+def _timed_loop_cpu(seconds: float, step) -> tuple[int, float, float]:
+    """As _timed_loop, also returning the CPU seconds of this process: (units, wall, cpu)."""
     done = 0
+    c0 = time.process_time()
     t0 = time.perf_counter()
     deadline = t0 + seconds
     while True:
         done += step()
         now = time.perf_counter()
         if now >= deadline:
-            return done, now - t0
+            return done, now - t0, time.process_time() - c0
 
 
 def bench_wal(base: str, batch: int, seconds: float) -> float:
@@ -183,24 +199,22 @@ class Group:
                 st.sync()
 
 
-def bench_group(batch: int, seconds: float, one_msgprop: bool = False) -> tuple[float, int]:
-    """Committed entries/s. one_msgprop=False: `batch` RawNode.propose() calls per round.
-    True: the same entries in ONE multi-entry MsgProp stepped into the leader's Raft
-    (RawNode has no batch-propose call; this shows what such a call would buy)."""
+def bench_group(batch: int, seconds: float, use_batch_api: bool) -> tuple[float, float, int]:
+    """Committed entries/s (wall, cpu, count) with `batch` entries per round, proposed by
+    `batch` RawNode.propose() calls (use_batch_api=False) or one RawNode.propose_batch()."""
     g = Group()
     g.nodes[1].campaign()
     g.stabilize()
-    assert g.nodes[1].raft.state == StateRole.LEADER, "node 1 did not win the election"
-    g.leader = 1
     leader = g.nodes[1]
+    assert leader.status().soft_state.role == StateRole.LEADER, "node 1 did not win the election"
+    g.leader = 1
     payloads = [os.urandom(ENTRY_BYTES) for _ in range(batch)]
-    prop = Message(MT.PROP, frm=1, entries=tuple(Entry(0, 0, EntryType.NORMAL, p) for p in payloads))
     rounds = [0]
 
     def step() -> int:
         before = g.committed_on_leader
-        if one_msgprop:
-            leader.raft.step(prop)
+        if use_batch_api:
+            leader.propose_batch(payloads)
         else:
             for p in payloads:
                 leader.propose(p)
@@ -209,9 +223,63 @@ def bench_group(batch: int, seconds: float, one_msgprop: bool = False) -> tuple[
         g.compact()
         return g.committed_on_leader - before
 
-    n, dt = _timed_loop(seconds, step)
+    n, wall, cpu = _timed_loop_cpu(seconds, step)
     assert n == rounds[0] * batch, f"committed {n} of {rounds[0] * batch} proposed"
-    return n / dt, n
+    return n / wall, n / cpu, n
+
+
+def bench_idle_groups(groups: int, seconds: float, heartbeats: bool, hz: int = 10) -> float:
+    """CPU % of one core for `groups` idle followers ticked `hz` times a second (see (3))."""
+    ids = (1, 2, 3)
+    nodes = []
+    for k in range(groups):
+        st = MemoryStorage()
+        st.apply_snapshot(Snapshot(SnapshotMetadata(index=1, term=1, conf_state=ConfState(voters=ids)), b""))
+        st.set_hard_state(HardState(term=1, vote=0, commit=1))
+        cfg = Config(id=2, rng=random.Random(k), election_tick=10 if heartbeats else 100)
+        n = RawNode(cfg, st)
+        n.step(Message(MT.HEARTBEAT, to=2, frm=1, term=1, commit=1))  # learn the leader
+        n.advance(n.ready())
+        nodes.append(n)
+    hb = Message(MT.HEARTBEAT, to=2, frm=1, term=1, commit=1)
+    period = 1.0 / hz
+    c0, t0 = time.process_time(), time.perf_counter()
+    next_at = t0
+    readies = 0
+    while True:
+        for n in nodes:
+            n.tick()
+            if heartbeats:
+                n.step(hb)
+            if n.has_ready():
+                n.advance(n.ready())
+                readies += 1
+        next_at += period
+        now = time.perf_counter()
+        if now - t0 >= seconds:
+            break
+        if next_at > now:
+            time.sleep(next_at - now)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    for n in nodes:
+        assert n.status().soft_state.role == StateRole.FOLLOWER, "an idle follower campaigned"
+    # Ticks alone must not make an idle follower produce a Ready; heartbeats always do (a response).
+    assert (readies > 0) == heartbeats, f"{readies} Readies (heartbeats={heartbeats})"
+    return 100.0 * cpu / wall
+
+
+def wal_figures(base: str, secs: float) -> dict:
+    res: dict = {}
+    res["raw_fsync_per_s"] = round(bench_raw_fsync(base, secs), 1)
+    # The WAL uses fdatasync; the same loop with it is the like-for-like baseline for batch 1.
+    res["raw_fdatasync_per_s"] = round(bench_raw_fsync(base, secs, os.fdatasync), 1)
+    by_batch = {}
+    for b in (1, 16, 256):
+        by_batch[str(b)] = round(bench_wal(base, b, secs), 1)
+    res["wal_records_per_s_by_batch"] = by_batch
+    res["wal_records_per_s"] = by_batch["256"]
+    res["disk_storage_entries_per_s_batch256"] = round(bench_disk_storage(base, 256, secs), 1)
+    return res
 
 
 def main(argv=None) -> dict:
@@ -219,30 +287,26 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", help="write results to this file")
     ap.add_argument("--quick", action="store_true", help="short runs (CI smoke)")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="directory for WAL files")
+    ap.add_argument("--no-wal", action="store_true", help="skip the WAL/fsync figures (1)")
     args = ap.parse_args(argv)
     secs = 0.3 if args.quick else 2.0
 
     res: dict = {"entry_bytes": ENTRY_BYTES, "wal_dir": os.path.abspath(args.dir), "quick": args.quick}
-    res["raw_fsync_per_s"] = round(bench_raw_fsync(args.dir, secs), 1)
-    # The WAL uses fdatasync; the same loop with it is the like-for-like baseline for batch 1.
-    res["raw_fdatasync_per_s"] = round(bench_raw_fsync(args.dir, secs, os.fdatasync), 1)
-    by_batch = {}
-    for b in (1, 16, 256):
-        by_batch[str(b)] = round(bench_wal(args.dir, b, secs), 1)
-    res["wal_records_per_s_by_batch"] = by_batch
-    res["wal_records_per_s"] = by_batch["256"]
-    res["disk_storage_entries_per_s_batch256"] = round(bench_disk_storage(args.dir, 256, secs), 1)
-    by_batch = {}
-    for b in (64, 256, 1024):
-        rate, n = bench_group(b, secs)
-        by_batch[str(b)] = round(rate, 1)
-    res["committed_entries_per_s_by_batch"] = by_batch
-    res["committed_entries_per_s"] = max(by_batch.values())
-    by_batch = {}
-    for b in (1024, 4096):
-        rate, n = bench_group(b, secs, one_msgprop=True)
-        by_batch[str(b)] = round(rate, 1)
-    res["committed_entries_per_s_one_msgprop_by_batch"] = by_batch
+    if not args.no_wal:
+        res.update(wal_figures(args.dir, secs))
+    for name, use_batch_api in (("", True), ("_single", False)):
+        by_batch, by_batch_cpu = {}, {}
+        for b in (64, 256, 1024):
+            rate, rate_cpu, _ = bench_group(b, secs, use_batch_api)
+            by_batch[str(b)] = round(rate, 1)
+            by_batch_cpu[str(b)] = round(rate_cpu, 1)
+        res[f"committed_entries_per_s{name}_by_batch"] = by_batch
+        res[f"committed_entries_per_cpu_s{name}_by_batch"] = by_batch_cpu
+        res[f"committed_entries_per_s{name}"] = max(by_batch.values())
+        res[f"committed_entries_per_cpu_s{name}"] = max(by_batch_cpu.values())
+    idle_secs = 1.0 if args.quick else 3.0
+    res["idle_groups_500_cpu_pct"] = round(bench_idle_groups(500, idle_secs, heartbeats=False), 2)
+    res["idle_groups_500_heartbeats_cpu_pct"] = round(bench_idle_groups(500, idle_secs, heartbeats=True), 2)
     res["committed_entries_target_per_s"] = 200_000
 
     for k, v in res.items():

@@ -29,7 +29,8 @@ class Inflights:
 
     def add(self, index: int, nbytes: int) -> None:
         invariant(not self.full(), "cannot add into a full inflights window")
-        invariant(not self._q or self._q[-1][0] < index, f"inflight index {index} not increasing")
+        if self._q and self._q[-1][0] >= index:  # guarded: no f-string per MsgApp
+            invariant(False, f"inflight index {index} not increasing")
         self._q.append((index, nbytes))
         self.bytes += nbytes
 

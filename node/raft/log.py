@@ -15,7 +15,7 @@ from typing import Optional
 from ..invariant import invariant
 from .codec import entry_encoded_size
 from .log_unstable import Unstable
-from .storage import NO_LIMIT, Storage, limit_size
+from .storage import NO_LIMIT, Storage, encoded_size, limit_size
 from .types import Compacted, Entry, Snapshot, StorageStateError, Unavailable
 
 
@@ -92,9 +92,14 @@ class RaftLog:
     # ------------------------------------------------ appending
 
     def find_conflict(self, ents: tuple[Entry, ...] | list[Entry]) -> int:
-        """Index of the first entry whose term differs from ours (or is new); 0 if none."""
+        """Index of the first entry whose term differs from ours (or is new); 0 if none.
+
+        `ents` are consecutive, so the first one beyond our last index is new and so is every
+        one after it: only the overlap with our log is compared term by term.
+        """
+        last = self.last_index()
         for e in ents:
-            if not self.match_term(e.index, e.term):
+            if e.index > last or not self.match_term(e.index, e.term):
                 return e.index
         return 0
 
@@ -128,7 +133,8 @@ class RaftLog:
         if not ents:
             return self.last_index()
         after = ents[0].index - 1
-        invariant(after >= self.committed, f"append after {after} is below committed {self.committed}")
+        if after < self.committed:  # guarded: the f-string would be built on every call
+            invariant(False, f"append after {after} is below committed {self.committed}")
         self.unstable.truncate_and_append(ents)
         return self.last_index()
 
@@ -136,8 +142,8 @@ class RaftLog:
 
     def commit_to(self, tocommit: int) -> None:
         if self.committed < tocommit:
-            invariant(tocommit <= self.last_index(),
-                      f"commit {tocommit} beyond last index {self.last_index()}")
+            if tocommit > self.last_index():
+                invariant(False, f"commit {tocommit} beyond last index {self.last_index()}")
             self.committed = tocommit
 
     def maybe_commit(self, max_index: int, term: int) -> bool:
@@ -150,13 +156,14 @@ class RaftLog:
     def applied_to(self, i: int) -> None:
         if i == 0:
             return
-        invariant(self.applied <= i <= self.committed,
-                  f"applied {i} outside [{self.applied}, {self.committed}]")
+        if not self.applied <= i <= self.committed:
+            invariant(False, f"applied {i} outside [{self.applied}, {self.committed}]")
         self.applied = i
         self.applying = max(self.applying, i)
 
     def accept_applying(self, i: int) -> None:
-        invariant(i <= self.committed, f"applying {i} beyond committed {self.committed}")
+        if i > self.committed:
+            invariant(False, f"applying {i} beyond committed {self.committed}")
         self.applying = max(self.applying, i)
 
     def _max_appliable_index(self, allow_unstable: bool) -> int:
@@ -166,6 +173,8 @@ class RaftLog:
         return hi
 
     def has_next_committed_ents(self, allow_unstable: bool = True) -> bool:
+        if self.committed <= self.applying:
+            return False  # the idle case, checked on every has_ready(): skip first_index()
         if self.has_pending_snapshot():
             return False  # apply the snapshot first
         lo = max(self.applying, self.first_index() - 1) + 1
@@ -223,7 +232,8 @@ class RaftLog:
         first = self.first_index()
         if lo < first:
             raise Compacted(lo, first)
-        invariant(lo <= hi <= self.last_index() + 1, f"slice [{lo},{hi}) out of bounds")
+        if not lo <= hi <= self.last_index() + 1:
+            invariant(False, f"slice [{lo},{hi}) out of bounds")
         if lo == hi:
             return []
         out: list[Entry] = []
@@ -235,7 +245,7 @@ class RaftLog:
         if hi > uoff:
             uns = self.unstable.slice(max(lo, uoff), hi)
             if out:
-                size = sum(entry_encoded_size(e) for e in out)
+                size = encoded_size(out)
                 for e in uns:
                     size += entry_encoded_size(e)
                     if size > max_bytes:

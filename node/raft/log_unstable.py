@@ -70,8 +70,9 @@ class Unstable:
         t = self.maybe_term(index)
         if t is None or t != term or index < self.offset:
             return  # stale ack: entry truncated and replaced, or already stabilised
-        k = index + 1 - self.offset
-        self.entries = self.entries[k:]
+        # In place (no copy of the remaining tail): nothing outside keeps a reference to
+        # `entries`; next_entries() and slice() hand out copies.
+        del self.entries[:index + 1 - self.offset]
         self.offset = index + 1
         self.offset_in_progress = max(self.offset_in_progress, self.offset)
 
@@ -99,13 +100,16 @@ class Unstable:
             self.offset = from_index
             self.entries = list(ents)
         else:
-            invariant(from_index < end, f"unstable gap: {from_index} after {end - 1}")
-            self.entries = self.entries[: from_index - self.offset] + list(ents)
+            if from_index >= end:
+                invariant(False, f"unstable gap: {from_index} after {end - 1}")
+            del self.entries[from_index - self.offset:]
+            self.entries.extend(ents)
         # Anything at or after from_index is new and must be written again.
         self.offset_in_progress = min(self.offset_in_progress, from_index)
         self.offset_in_progress = max(self.offset_in_progress, self.offset)
 
     def slice(self, lo: int, hi: int) -> list[Entry]:
-        invariant(self.offset <= lo <= hi <= self.offset + len(self.entries),
-                  f"unstable slice [{lo},{hi}) out of [{self.offset},{self.offset + len(self.entries)}]")
+        if not self.offset <= lo <= hi <= self.offset + len(self.entries):  # no f-string per call
+            invariant(False, f"unstable slice [{lo},{hi}) out of "
+                             f"[{self.offset},{self.offset + len(self.entries)}]")
         return self.entries[lo - self.offset:hi - self.offset]

@@ -12,7 +12,6 @@ Message queues:
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
 from typing import Optional
 
@@ -44,6 +43,7 @@ from .types import (
     StateRole,
     StepError,
     StorageStateError,
+    message_with,
 )
 
 CAMPAIGN_TRANSFER = b"CampaignTransfer"  # VOTE context: leadership transfer overrides the lease
@@ -176,16 +176,24 @@ class Raft:
     # ------------------------------------------------ sending
 
     def send(self, m: Message) -> None:
-        if m.frm == NONE:
-            m = dataclasses.replace(m, frm=self.id)
-        if m.type in _VOTE_TYPES:
-            invariant(m.term != 0, f"vote message {m.type.name} without a term")
+        # At most one copy per message (message_with), never dataclasses.replace: send is on
+        # the per-proposal path (see types.message_with).
+        t = m.type
+        frm = m.frm if m.frm != NONE else self.id
+        if t in _VOTE_TYPES:
+            if m.term == 0:  # guarded: the f-string would be built on every send
+                invariant(False, f"vote message {t.name} without a term")
+            if frm != m.frm:
+                m = message_with(m, m.to, frm, m.term)
         else:
-            invariant(m.term == 0, f"{m.type.name} with preset term {m.term}")
-            if m.type not in (MT.PROP, MT.READ_INDEX):
+            if m.term != 0:
+                invariant(False, f"{t.name} with preset term {m.term}")
+            if t != MT.PROP and t != MT.READ_INDEX:
+                m = message_with(m, m.to, frm, self.term)
+            elif frm != m.frm:
                 # PROP and READ_INDEX are forwarded as local messages: no term attached.
-                m = dataclasses.replace(m, term=self.term)
-        if m.type in _AFTER_APPEND:
+                m = message_with(m, m.to, frm, 0)
+        if t in _AFTER_APPEND:
             self.msgs_after_append.append(m)
         else:
             self.msgs.append(m)
@@ -394,7 +402,7 @@ class Raft:
                 raise ProposalDropped("no leader", self.id, self.term)
             if self.cfg.disable_proposal_forwarding:
                 raise ProposalDropped("proposal forwarding disabled", self.id, self.term)
-            self.send(dataclasses.replace(m, to=self.lead))
+            self.send(message_with(m, self.lead, m.frm, m.term))
         elif t in (MT.APP, MT.HEARTBEAT, MT.SNAP):
             self.election_elapsed = 0
             self.lead = m.frm
@@ -406,14 +414,14 @@ class Raft:
                 self.handle_snapshot(m)
         elif t == MT.TRANSFER_LEADER:
             if self.lead != NONE:
-                self.send(dataclasses.replace(m, to=self.lead))
+                self.send(message_with(m, self.lead, m.frm, m.term))
         elif t == MT.TIMEOUT_NOW:
             # Leadership transfer never uses pre-vote: the old leader asked us to campaign.
             self.hup(CampaignType.TRANSFER)
         elif t == MT.READ_INDEX:
             if self.lead == NONE:
                 raise ProposalDropped("no leader for read index", self.id, self.term)
-            self.send(dataclasses.replace(m, to=self.lead))
+            self.send(message_with(m, self.lead, m.frm, m.term))
         elif t == MT.READ_INDEX_RESP:
             self.read_states.append(ReadState(m.index, m.context))
 
@@ -422,11 +430,16 @@ class Raft:
     def handle_append_entries(self, m: Message) -> None:
         log = self.raft_log
         prev = m.index
-        for k, e in enumerate(m.entries):
-            if e.index != prev + 1 + k or e.term > m.term or (k and e.term < m.entries[k - 1].term):
+        ents = m.entries
+        if ents:
+            # Indexes prev+1.. consecutive, terms non-decreasing and <= the leader's term; as
+            # list comparisons (C loops), not a Python loop per entry: MsgApps carry thousands.
+            terms = [e.term for e in ents]
+            if ([e.index for e in ents] != list(range(prev + 1, prev + 1 + len(ents)))
+                    or terms[-1] > m.term or terms != sorted(terms)):
                 raise StepError("MsgApp entries not consecutive or terms out of order", m.type, m.frm)
-        if m.entries and m.entries[0].term < m.log_term:
-            raise StepError("MsgApp first entry term below log_term", m.type, m.frm)
+            if terms[0] < m.log_term:
+                raise StepError("MsgApp first entry term below log_term", m.type, m.frm)
         if prev < log.committed:
             # Everything up to committed is already ours; never re-examine (or truncate) it.
             self.send(Message(MT.APP_RESP, to=m.frm, index=log.committed))

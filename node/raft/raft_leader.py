@@ -10,6 +10,7 @@ from ..invariant import invariant
 from .progress import ProgressState
 from .quorum import VoteResult
 from .read_only import ReadOnlyOption
+from .storage import payload_size as storage_payload_size
 from .types import (
     NONE,
     Compacted,
@@ -32,8 +33,7 @@ if TYPE_CHECKING:
 MAX_PENDING_READ_INDEX_MESSAGES = 4096  # reads waiting for the term's first commit
 
 
-def payload_size(ents) -> int:
-    return sum(len(e.data) for e in ents)
+payload_size = storage_payload_size  # sum of len(e.data); re-exported for rawnode
 
 
 # ------------------------------------------------------------------ ticks
@@ -58,18 +58,32 @@ def tick_heartbeat(r: "Raft") -> None:
 # ------------------------------------------------------------------ appending / sending
 
 
-def append_entry(r: "Raft", es: list[Entry]) -> bool:
-    """Append proposals at the end of the leader's log; False if over the uncommitted limit."""
-    log = r.raft_log
-    li = log.last_index()
-    es = [Entry(term=r.term, index=li + 1 + i, type=e.type, data=e.data) for i, e in enumerate(es)]
+def append_entry(r: "Raft", es) -> bool:
+    """Append proposals at the end of the leader's log; False if over the uncommitted limit.
+
+    All or nothing: nothing is appended when the batch is refused.
+    """
     size = payload_size(es)
     limit = r.cfg.max_uncommitted_entries_size
     if limit > 0 and r.uncommitted_size > 0 and size > 0 and r.uncommitted_size + size > limit:
         return False  # (a single oversized batch is still admitted when nothing is pending)
+    log = r.raft_log
+    first = log.last_index() + 1
+    term = r.term
+    li = log.append([Entry(term, i, e.type, e.data) for i, e in enumerate(es, first)])
     r.uncommitted_size += size
-    li = log.append(es)
-    # Self-acknowledgement, delivered at advance() once these entries are durable.
+    # Self-acknowledgement, delivered at advance() once these entries are durable. Proposals
+    # appended between two Readies share one: all of them become durable in the same Ready,
+    # and an ack of index li subsumes the acks of every index below it (Progress.maybe_update
+    # only moves match forward). Without this, N propose() calls stepped N self-acks at
+    # advance(), each recomputing the commit index.
+    after = r.msgs_after_append
+    if after:
+        prev = after[-1]
+        if (prev.type == MT.APP_RESP and prev.to == r.id and prev.term == term
+                and not prev.reject):
+            after[-1] = Message(MT.APP_RESP, to=r.id, frm=r.id, term=term, index=li)  # as send() builds it
+            return True
     r.send(Message(MT.APP_RESP, to=r.id, index=li))
     return True
 
@@ -275,16 +289,18 @@ def _step_proposal(r: "Raft", m: Message) -> None:
         raise ProposalDropped("leader removed from the configuration", r.id, r.term)
     if r.lead_transferee != NONE:
         raise ProposalDropped(f"leadership transfer to {r.lead_transferee} in progress", r.id, r.term)
-    ents = list(m.entries)
-    for i, e in enumerate(ents):
-        if e.type == EntryType.NORMAL:
-            continue
-        why = r.validate_conf_change_entry(e)
-        if why:
-            # Keep the batch's shape: an empty normal entry instead (as etcd does).
-            ents[i] = Entry(0, 0, EntryType.NORMAL, b"")
-        else:
-            r.pending_conf_index = r.raft_log.last_index() + i + 1
+    ents = m.entries
+    if any([e.type for e in ents]):  # NORMAL is 0; conf changes are rare, batches are long
+        ents = list(ents)
+        for i, e in enumerate(ents):
+            if e.type == EntryType.NORMAL:
+                continue
+            why = r.validate_conf_change_entry(e)
+            if why:
+                # Keep the batch's shape: an empty normal entry instead (as etcd does).
+                ents[i] = Entry(0, 0, EntryType.NORMAL, b"")
+            else:
+                r.pending_conf_index = r.raft_log.last_index() + i + 1
     if not append_entry(r, ents):
         raise ProposalDropped("too many uncommitted bytes", r.id, r.term)
     r.pending_bcast = True  # batched: flushed when the application asks for a Ready

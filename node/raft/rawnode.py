@@ -25,7 +25,7 @@ leader counts itself toward commitment only for entries it has persisted.
 Between ready() and advance() the application may keep calling step/tick/
 propose; it must not call ready() again before advance().
 
-Errors: propose()/read_index()/transfer_leader() raise ProposalDropped when
+Errors: propose()/propose_batch()/read_index()/transfer_leader() raise ProposalDropped when
 there is no leader, a transfer is in progress, or limits are hit. step() raises
 StepError for messages that cannot come from a correct peer; proposals or
 reads forwarded by other nodes that cannot be served are silently dropped
@@ -34,11 +34,11 @@ reads forwarded by other nodes that cannot be served are silently dropped
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 from ..invariant import invariant
 from . import raft_leader as leader
-from .codec import conf_change_entry_data
+from .codec import MAX_ENTRIES_PER_MESSAGE, conf_change_entry_data
 from .config import Config
 from .progress import ProgressState
 from .raft import Raft
@@ -61,6 +61,8 @@ from .types import (
     StateRole,
     StepError,
 )
+
+_NORMAL = EntryType.NORMAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,30 @@ class RawNode:
         self.raft.step(Message(MT.HUP, frm=self.id))
 
     def propose(self, data: bytes) -> None:
-        self.raft.step(Message(MT.PROP, frm=self.id, entries=(Entry(0, 0, EntryType.NORMAL, bytes(data)),)))
+        """Propose one command; raises ProposalDropped (see module doc) if it cannot be taken.
+
+        Several propose() calls between two Readies already share one MsgApp per follower and
+        one durable write; propose_batch() also saves the per-call step through the core.
+        """
+        self.raft.step(Message(MT.PROP, frm=self.id, entries=(Entry(0, 0, _NORMAL, bytes(data)),)))
+
+    def propose_batch(self, datas: Sequence[bytes]) -> None:
+        """Propose many commands as ONE proposal: "many client commands -> one append".
+
+        The commands become consecutive log entries in the order given, appended together by
+        the leader (or forwarded by a follower to the leader as one message). All or nothing:
+        ProposalDropped is raised for the same reasons as propose() (no leader, leadership
+        transfer in progress, leader removed, max_uncommitted_entries_size exceeded, forwarding
+        disabled) and then none of the commands was appended. As for propose(), a batch that
+        was accepted may still be lost before it commits (leader change); the client retries.
+        Raises StepError for an empty batch or one over the wire codec's entries-per-message
+        limit (it could not be forwarded).
+        """
+        n = len(datas)
+        if n == 0 or n > MAX_ENTRIES_PER_MESSAGE:
+            raise StepError(f"proposal batch of {n} entries (1..{MAX_ENTRIES_PER_MESSAGE})", MT.PROP, self.id)
+        ents = tuple([Entry(0, 0, _NORMAL, bytes(d)) for d in datas])
+        self.raft.step(Message(MT.PROP, frm=self.id, entries=ents))
 
     def propose_conf_change(self, cc: Union[ConfChange, ConfChangeV2]) -> None:
         etype, data = conf_change_entry_data(cc)

@@ -19,10 +19,11 @@ model losing an acknowledged write, which Raft does not tolerate.
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Optional, Protocol
 
 from ..invariant import invariant
-from .codec import entry_encoded_size
+from .codec import ENTRY_OVERHEAD, entry_encoded_size
 from .types import (
     Compacted,
     ConfState,
@@ -64,10 +65,23 @@ class Storage(Protocol):
         ...
 
 
+_data = attrgetter("data")
+
+
+def payload_size(ents) -> int:
+    """Sum of len(e.data): the unit of the uncommitted/inflight limits. C-level iteration."""
+    return sum(map(len, map(_data, ents)))
+
+
+def encoded_size(ents) -> int:
+    """Sum of entry_encoded_size(e) over `ents`, without a Python call per entry."""
+    return ENTRY_OVERHEAD * len(ents) + payload_size(ents)
+
+
 def limit_size(ents: list[Entry], max_bytes: int) -> list[Entry]:
     """Longest prefix of `ents` within max_bytes, but never fewer than one entry."""
-    if not ents:
-        return ents
+    if not ents or max_bytes >= NO_LIMIT or encoded_size(ents) <= max_bytes:
+        return ents  # the common case: everything fits; no per-entry walk
     size = entry_encoded_size(ents[0])
     for k in range(1, len(ents)):
         size += entry_encoded_size(ents[k])
@@ -122,22 +136,26 @@ class _LogImage:
             raise Unavailable(index, self.last_index())
         k = index - off
         head = self.ents[k]
-        self.ents = [Entry(term=head.term, index=head.index)] + self.ents[k + 1:]
+        del self.ents[1:k + 1]  # in place, as in append()
+        self.ents[0] = Entry(term=head.term, index=head.index)
 
     def append(self, entries: list[Entry]) -> None:
+        """Append consecutive `entries` (checked by MemoryStorage.append, once for both images)."""
         if not entries:
             return
-        for a, b in zip(entries, entries[1:]):
-            invariant(b.index == a.index + 1, f"appended entries not consecutive at {a.index}")
         first = self.offset() + 1
         if entries[-1].index < first:
             return  # everything already compacted away
         if entries[0].index < first:
             entries = entries[first - entries[0].index:]
         k = entries[0].index - self.offset()
-        invariant(k <= len(self.ents), f"log gap: appending {entries[0].index} after {self.last_index()}")
+        if k > len(self.ents):  # guarded: no f-string per append
+            invariant(False, f"log gap: appending {entries[0].index} after {self.last_index()}")
         # Overwrite a (possibly conflicting) suffix: etcd truncates from the first new index.
-        self.ents = self.ents[:k] + list(entries)
+        # In place: rebuilding the list copied the whole log on every append (O(log length)).
+        # Safe because no reader keeps a reference to `ents` (entries() and copy() copy).
+        del self.ents[k:]
+        self.ents.extend(entries)
 
 
 class MemoryStorage:
@@ -160,7 +178,8 @@ class MemoryStorage:
             raise Compacted(lo, off + 1)
         if hi > img.last_index() + 1:
             raise Unavailable(hi - 1, img.last_index())
-        invariant(lo <= hi, f"entries range inverted [{lo}, {hi})")
+        if lo > hi:
+            invariant(False, f"entries range inverted [{lo}, {hi})")
         return limit_size(img.ents[lo - off:hi - off], max_bytes)
 
     def term(self, i: int) -> int:
@@ -191,7 +210,14 @@ class MemoryStorage:
         self._pending.append(("hard", hs))
 
     def append(self, entries) -> None:
+        # One copy of the batch (the caller's list may change, the pending queue must not);
+        # the live and durable images then extend in place instead of copying the whole log.
         entries = list(entries)
+        if entries:
+            i0 = entries[0].index
+            if [e.index for e in entries] != list(range(i0, i0 + len(entries))):  # C loops
+                for a, b in zip(entries, entries[1:]):
+                    invariant(b.index == a.index + 1, f"appended entries not consecutive at {a.index}")
         self._live.append(entries)
         self._pending.append(("append", entries))
 
