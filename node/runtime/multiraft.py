@@ -1,0 +1,317 @@
+"""MultiRaft: the per-node loop driving every Raft group hosted on this node.
+
+One asyncio task per node. Each iteration:
+
+  1. if the tick timer fired: one tick for every group (a group whose storage
+     is busy in the executor gets it later: ticks are counted, never lost);
+  2. pump() every group that has something to do — it was ticked, got
+     messages, proposals, reads, actions, or just finished a sync. A group
+     with none of these is not looked at; an idle node costs one tick per
+     group per tick interval plus its heartbeats, and no fsync at all;
+  3. flush the outbox: every message of every group for the same peer goes
+     out in ONE transport send (split only at max_batch_bytes /
+     max_batch_messages). A refused send or a batch the transport later reports
+     lost turns into report_unreachable (and report_snapshot(.., False) for
+     snapshot messages) on the groups that sent them; a snapshot's last chunk
+     accepted by the transport is reported as report_snapshot(.., True).
+
+Then it yields to the event loop once (so transport deliveries, executor
+completions and proposers run) and sleeps until woken by new work or the
+next tick.
+
+fsyncs run in a thread pool (io_threads). A group has at most one storage
+job at a time (see raft_driver.py: "busy"), which keeps per-group ordering;
+different groups sync in parallel.
+
+Shutdown: close() stops the loop, waits for storage jobs already running
+(a thread cannot be interrupted), resolves every caller (ProposalDropped for
+proposals that never reached the log, UnknownOutcome for those that did,
+ReadFailed for reads), closes the transport, syncs and closes every storage.
+abort() is the fail-stop variant that leaves storages as they are (nothing
+buffered is flushed); tests use it to model a process crash.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from ..raft.types import Message, MessageType
+from .disk_storage import DiskStorage
+from .raft_driver import GroupDriver, GroupOptions, StateMachine
+from .transport import Batch, Transport
+
+log = logging.getLogger("xraft.multiraft")
+
+MESSAGE_OVERHEAD_BYTES = 96  # encoded message head (codec._MSG_HEAD + framing), rounded up
+ENTRY_OVERHEAD_BYTES = 21
+
+
+@dataclass(frozen=True)
+class MultiRaftOptions:
+    tick_interval_s: float = 0.1
+    io_threads: int = 4  # concurrent fsyncs (different groups)
+    max_batch_bytes: int = 4 << 20  # one transport send; a single larger message goes alone
+    max_batch_messages: int = 10_000
+    max_groups: int = 10_000
+    group: GroupOptions = field(default_factory=GroupOptions)
+
+    def validate(self) -> None:
+        if self.tick_interval_s <= 0:
+            raise ValueError("tick_interval_s must be > 0")
+        if self.io_threads <= 0 or self.max_batch_bytes <= 0 or self.max_batch_messages <= 0 \
+                or self.max_groups <= 0:
+            raise ValueError("io_threads, max_batch_bytes, max_batch_messages, max_groups must be > 0")
+        self.group.validate()
+
+
+@dataclass
+class LoopStats:
+    iterations: int = 0
+    ticks: int = 0
+    pumps: int = 0  # group pump() calls
+    flushes: int = 0  # iterations that had something to send
+    sends: int = 0  # transport sends (batches)
+    largest_batch: int = 0  # messages in the largest batch sent
+    messages_sent: int = 0
+    sends_refused: int = 0
+    batches_lost: int = 0  # reported lost by the transport after being accepted
+    messages_received: int = 0
+    unknown_group_messages: int = 0
+
+
+def message_size(m: Message) -> int:
+    """Approximate encoded size, for batch limits (exact sizes would cost an encode)."""
+    n = MESSAGE_OVERHEAD_BYTES + len(m.context)
+    for e in m.entries:
+        n += ENTRY_OVERHEAD_BYTES + len(e.data)
+    if m.snapshot is not None:
+        n += len(m.snapshot.data) + 64 + 8 * len(m.snapshot.metadata.conf_state.voters)
+    return n
+
+
+def _is_last_snapshot_chunk(m: Message) -> bool:
+    return m.type == MessageType.SNAP and m.snapshot is not None \
+        and m.chunk_offset + len(m.snapshot.data) >= m.chunk_total
+
+
+class MultiRaft:
+    def __init__(self, node_id: int, transport: Transport, options: MultiRaftOptions = MultiRaftOptions()):
+        options.validate()
+        if transport.node_id != node_id:
+            raise ValueError(f"transport is node {transport.node_id}'s, not {node_id}'s")
+        self.node_id = node_id
+        self.transport = transport
+        self.options = options
+        self.stats = LoopStats()
+        self.groups: dict[int, GroupDriver] = {}
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.executor = ThreadPoolExecutor(max_workers=options.io_threads,
+                                           thread_name_prefix=f"xraft-io-{node_id}")
+        self.closing = False
+        self.closed = False
+        self._wake = asyncio.Event()
+        self._dirty: dict[GroupDriver, None] = {}  # ordered set of groups to pump
+        self._outbox: dict[int, list[tuple[int, Message]]] = {}
+        self._tick_due = False
+        self._tick_handle: Optional[asyncio.TimerHandle] = None
+        self._task: Optional[asyncio.Task] = None
+
+    # ------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("already started")
+        self.loop = asyncio.get_running_loop()
+        self.transport.start(self)
+        self._tick_handle = self.loop.call_later(self.options.tick_interval_s, self._on_tick)
+        self._task = self.loop.create_task(self._run(), name=f"multiraft-{self.node_id}")
+
+    async def add_group(self, group_id: int, data_dir: str, sm: StateMachine,
+                        bootstrap_voters: Sequence[int] = (),
+                        options: Optional[GroupOptions] = None) -> GroupDriver:
+        """Open a group's storage (in the executor: recovery reads the whole WAL) and start driving it."""
+        if self.loop is None or self.closing:
+            raise RuntimeError("add_group() needs a started, open MultiRaft")
+        if group_id in self.groups:
+            raise ValueError(f"group {group_id} already on node {self.node_id}")
+        if len(self.groups) >= self.options.max_groups:
+            raise ValueError(f"node {self.node_id} already hosts {len(self.groups)} groups (limit)")
+        opts = options or self.options.group
+        g = await self.loop.run_in_executor(self.executor, GroupDriver.open, group_id, self.node_id,
+                                            data_dir, sm, opts, self, tuple(bootstrap_voters))
+        if self.closing:  # closed while we were opening: do not leak the storage
+            await self.loop.run_in_executor(self.executor, g.close_storage)
+            raise RuntimeError("MultiRaft closed while the group was opening")
+        self.groups[group_id] = g
+        self.mark_dirty(g)  # the first Ready re-applies committed entries after the snapshot
+        return g
+
+    def group(self, group_id: int) -> GroupDriver:
+        return self.groups[group_id]
+
+    async def close(self) -> None:
+        """Clean shutdown (see the module docstring)."""
+        if self.closed:
+            return
+        await self._stop("node shutting down")
+        for g in self.groups.values():
+            await self.loop.run_in_executor(self.executor, g.close_storage)
+        self.executor.shutdown(wait=True)
+        self.closed = True
+
+    async def abort(self) -> list[DiskStorage]:
+        """Fail-stop without touching storage: returns the storages, still open, for the
+        caller (a test modelling a crash) to dispose of."""
+        await self._stop("node stopped")
+        for g in self.groups.values():
+            g.closed = True
+        self.executor.shutdown(wait=True)
+        self.closed = True
+        return [g.storage for g in self.groups.values()]
+
+    async def _stop(self, reason: str) -> None:
+        self.closing = True
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        # Storage jobs already in a thread run to completion; their callers are resolved
+        # by them (applied) or below.
+        busy = [g.task for g in self.groups.values() if g.task is not None]
+        if busy:
+            await asyncio.gather(*busy, return_exceptions=True)
+        for g in self.groups.values():
+            g.fail_outstanding(reason)
+        await self.transport.close()
+
+    # ------------------------------------------------ DriverHost
+
+    def send(self, group_id: int, m: Message) -> None:
+        box = self._outbox.get(m.to)
+        if box is None:
+            box = self._outbox[m.to] = []
+        box.append((group_id, m))
+
+    def mark_dirty(self, g: GroupDriver) -> None:
+        self._dirty[g] = None
+        self._wake.set()
+
+    # ------------------------------------------------ TransportHandler
+
+    def deliver(self, from_node: int, batch: Batch) -> None:
+        if self.closing:
+            return
+        self.stats.messages_received += len(batch)
+        groups = self.groups
+        dirty = self._dirty
+        for gid, m in batch:
+            g = groups.get(gid)
+            if g is None or g.failed is not None:
+                self.stats.unknown_group_messages += 1  # not (yet) hosted here: Raft retries
+                continue
+            if g.push_message(m):
+                dirty[g] = None
+        self._wake.set()
+
+    def unreachable(self, peer: int, lost: Batch) -> None:
+        if self.closing:
+            return
+        self.stats.batches_lost += 1
+        self._report_lost(peer, lost)
+
+    def _report_lost(self, peer: int, lost: Batch) -> None:
+        seen: set[int] = set()
+        for gid, m in lost:
+            g = self.groups.get(gid)
+            if g is None:
+                continue
+            if gid not in seen:
+                seen.add(gid)
+                g.report_unreachable(peer)
+                self.mark_dirty(g)
+            if m.type == MessageType.SNAP:
+                g.report_snapshot(peer, False)
+
+    # ------------------------------------------------ the loop
+
+    def _on_tick(self) -> None:
+        self._tick_due = True
+        self._wake.set()
+        # Rescheduled from now, not from the planned time: a stalled loop slows the
+        # node's clock instead of bursting ticks (a burst could expire election
+        # timeouts of followers that did hear from their leader).
+        self._tick_handle = self.loop.call_later(self.options.tick_interval_s, self._on_tick)
+
+    async def _run(self) -> None:
+        wake = self._wake
+        try:
+            while True:
+                if wake.is_set():
+                    await asyncio.sleep(0)  # let deliveries, completions and proposers in
+                else:
+                    await wake.wait()
+                if self.closing:
+                    return
+                wake.clear()
+                self._iterate()
+        except Exception as exc:
+            # A bug in the loop itself: stop every group (callers get their typed outcome now
+            # rather than at their deadlines) instead of serving from an unknown state.
+            log.exception("node %d: the Raft loop crashed", self.node_id)
+            for g in self.groups.values():
+                g.fail_stop(exc)
+
+    def _iterate(self) -> None:
+        st = self.stats
+        st.iterations += 1
+        if self._tick_due:
+            self._tick_due = False
+            st.ticks += 1
+            dirty = self._dirty
+            for g in self.groups.values():
+                g.pending_ticks += 1
+                dirty[g] = None
+        # Groups marked while we pump (their own follow-ups) wait for the next iteration.
+        dirty, self._dirty = self._dirty, {}
+        for g in dirty:
+            if g.busy:
+                continue  # re-marked when its storage job completes
+            st.pumps += 1
+            g.pump()
+        if self._outbox:
+            self._flush()
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        self.stats.flushes += 1
+        max_bytes, max_msgs = self.options.max_batch_bytes, self.options.max_batch_messages
+        for peer, msgs in outbox.items():
+            start, size = 0, 0
+            for k, (_, m) in enumerate(msgs):
+                n = message_size(m)
+                if k > start and (size + n > max_bytes or k - start >= max_msgs):
+                    self._send_batch(peer, msgs[start:k])
+                    start, size = k, 0
+                size += n
+            self._send_batch(peer, msgs[start:] if start else msgs)
+
+    def _send_batch(self, peer: int, batch: list[tuple[int, Message]]) -> None:
+        st = self.stats
+        st.sends += 1
+        st.messages_sent += len(batch)
+        if len(batch) > st.largest_batch:
+            st.largest_batch = len(batch)
+        if not self.transport.send(peer, batch):
+            st.sends_refused += 1
+            self._report_lost(peer, batch)
+            return
+        for gid, m in batch:
+            if m.type == MessageType.SNAP and _is_last_snapshot_chunk(m):
+                g = self.groups.get(gid)
+                if g is not None:
+                    g.report_snapshot(peer, True)
+                    self.mark_dirty(g)

@@ -1,0 +1,790 @@
+"""GroupDriver: one Raft group on this node — RawNode + DiskStorage + StateMachine.
+
+The driver turns the core's Ready contract (raft/rawnode.py) into futures for
+callers. It never runs on its own: MultiRaft (multiraft.py) owns the event
+loop, calls pump() for groups with something to do, and sends what the driver
+queues. One Ready at a time per group:
+
+    pump()   (loop thread; only while not busy)
+        ticks, queued inbound messages, queued actions (transfer, reports),
+        EVERY queued proposal (group commit), one ReadIndex for all queued
+        reads, then at most ONE Ready:
+          rd.messages -> outbox at once (the leader replicates while it writes)
+          if the Ready must be durable: busy = True, and in a thread executor
+              save snapshot/entries/hard state + ONE sync (fsync)
+          then (loop thread) _finish(): rd.persisted_messages -> outbox,
+              install snapshot, apply committed entries, conf changes,
+              read states, advance(); maybe snapshot + compact (executor)
+        Ready without must_sync (heartbeats, commit-index moves, applies) is
+        finished inline: no thread hop, no fsync.
+
+Why "busy" blocks the whole group while its fsync runs: DiskStorage and the
+WAL are not thread-safe, and the core reads storage (entries for MsgApp,
+terms) from step()/ready(). So while a group's storage is in the executor
+nothing touches that group's core; its inbound messages, ticks and proposals
+queue up and go into the NEXT Ready — which is exactly what makes the batches
+large under load (one fsync per batch). Other groups keep running.
+
+Outcomes a caller can see (all DriverError, all carry group_id):
+  NotLeader(leader_id)  this node cannot take writes; nothing was proposed.
+  ProposalDropped       the command did not and will not take effect (never
+                        reached the log, or its slot was committed with
+                        something else). Safe to retry.
+  UnknownOutcome        the entry reached the log and may or may not commit
+                        (leadership lost, deadline passed, shutdown, group
+                        failure). Never reported as failure: it might commit.
+  ReadFailed            a linearizable read could not be confirmed. Safe to retry.
+
+Proposals are matched to applied entries by (term, index): the leader's log
+position is known the moment propose() appends, and an entry applied at that
+index with the same term IS ours (Log Matching). A request id inside the data
+is not needed for matching; the state machine may still use one to dedupe
+client retries after UnknownOutcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import os
+import random
+from collections import deque
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
+
+from ..invariant import invariant
+from ..raft.codec import decode_conf_change_entry
+from ..raft.config import Config
+from ..raft.rawnode import RawNode, Status
+from ..raft.read_only import ReadOnlyOption
+from ..raft.types import NONE, ConfChange, ConfChangeError, ConfChangeV2, ConfState, Entry, EntryType, \
+    HardState, Message, ProposalDropped as CoreProposalDropped, Ready, ReadState, Snapshot, \
+    SnapshotMetadata, StateRole, StepError
+from .disk_storage import DiskStorage, DiskStorageOptions
+
+log = logging.getLogger("xraft.driver")
+
+
+# ---------------------------------------------------------------- errors
+
+
+class DriverError(Exception):
+    def __init__(self, message: str, group_id: int):
+        super().__init__(f"group {group_id}: {message}")
+        self.group_id = group_id
+
+
+class NotLeader(DriverError):
+    """This replica is not the leader; `leader_id` is its best guess (0 = unknown)."""
+
+    def __init__(self, group_id: int, leader_id: int, term: int):
+        super().__init__(f"not leader (leader {leader_id or 'unknown'}, term {term})", group_id)
+        self.leader_id = leader_id
+        self.term = term
+
+
+class ProposalDropped(DriverError):
+    """The command did not and never will take effect; retrying is safe."""
+
+    def __init__(self, group_id: int, reason: str):
+        super().__init__(f"proposal dropped: {reason}", group_id)
+        self.reason = reason
+
+
+class UnknownOutcome(DriverError):
+    """The entry reached the log at (term, index) and may or may not be committed."""
+
+    def __init__(self, group_id: int, reason: str, term: int, index: int):
+        super().__init__(f"outcome unknown for entry ({term}, {index}): {reason}", group_id)
+        self.reason = reason
+        self.term = term
+        self.index = index
+
+
+class ReadFailed(DriverError):
+    def __init__(self, group_id: int, reason: str):
+        super().__init__(f"read index failed: {reason}", group_id)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------- interfaces
+
+
+class StateMachine(Protocol):
+    """The deterministic machine a group replicates (node/fsm provides the real one).
+
+    apply() is called for every committed NORMAL entry with non-empty data, in
+    index order, exactly once per incarnation (a new leader's empty entry and
+    conf changes are the driver's business). Its return value resolves the
+    proposer's future on this node. It must not raise: an exception means the
+    replicas may diverge, so the group stops (fail-stop).
+    """
+
+    @property
+    def applied_index(self) -> int:
+        """Highest index passed to apply() or restore()."""
+        ...
+
+    def apply(self, index: int, data: bytes) -> Any:
+        ...
+
+    def snapshot(self) -> bytes:
+        """The machine's whole state as of its last applied entry."""
+        ...
+
+    def restore(self, data: bytes, index: int) -> None:
+        """Replace the state with `data` (a snapshot() taken at `index`)."""
+        ...
+
+
+class DriverHost(Protocol):
+    """What a driver needs from the node loop (MultiRaft)."""
+
+    loop: asyncio.AbstractEventLoop
+    executor: Executor
+    closing: bool
+
+    def send(self, group_id: int, m: Message) -> None:
+        ...
+
+    def mark_dirty(self, driver: "GroupDriver") -> None:
+        ...
+
+
+# ---------------------------------------------------------------- options and stats
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    election_tick: int = 10
+    heartbeat_tick: int = 1
+    check_quorum: bool = True
+    pre_vote: bool = True
+    read_only_option: ReadOnlyOption = ReadOnlyOption.SAFE
+    max_size_per_msg: int = 1 << 20
+    max_inflight_msgs: int = 256
+    max_uncommitted_entries_size: int = 64 << 20
+    max_inflight_proposals: int = 20_000  # queued + awaiting apply; beyond: ProposalDropped
+    max_proposal_bytes: int = 8 << 20
+    max_proposals_per_ready: int = 4096  # bounds one Ready (and one WAL write)
+    max_inbox_messages: int = 20_000  # inbound messages queued while busy; beyond: dropped
+    max_pending_reads: int = 20_000
+    snapshot_entries: int = 10_000  # snapshot once this many entries were applied since the last
+    snapshot_keep_entries: int = 1_000  # entries kept behind a snapshot for slow followers
+    # Commit-index-only hard states are written without fsync (a lower commit on disk
+    # is safe: Raft re-learns it); this bounds how many may sit unsynced in the WAL buffer.
+    max_unsynced_commit_saves: int = 256
+    # Per group, and a node hosts many groups: DiskStorage's 64 MiB cache defaults would
+    # let 50 groups pin 6 GiB. 8 MiB still holds every entry a follower is likely to ask for.
+    storage: DiskStorageOptions = field(default_factory=lambda: DiskStorageOptions(
+        cache_bytes=8 << 20, snapshot_cache_bytes=8 << 20))
+    seed: Optional[int] = None  # election jitter seed; None = from os.urandom
+
+    def validate(self) -> None:
+        for name in ("max_inflight_proposals", "max_proposal_bytes", "max_proposals_per_ready",
+                     "max_inbox_messages", "max_pending_reads", "snapshot_entries",
+                     "max_unsynced_commit_saves"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"GroupOptions.{name} must be > 0")
+        if self.snapshot_keep_entries < 0:
+            raise ValueError("GroupOptions.snapshot_keep_entries must be >= 0")
+
+
+@dataclass
+class GroupStats:
+    readies: int = 0  # Readies handled
+    syncs: int = 0  # Readies persisted with one storage sync (fsync under fsync=always)
+    proposals: int = 0  # entries this driver appended as leader
+    applied_entries: int = 0
+    snapshots_created: int = 0
+    snapshots_installed: int = 0
+    inbox_dropped: int = 0
+    step_errors: int = 0
+
+
+@dataclass(frozen=True)
+class DriverStatus:
+    group_id: int
+    node_id: int
+    role: StateRole
+    leader_id: int
+    term: int
+    commit: int
+    applied: int
+    snapshot_index: int
+    first_index: int
+    last_index: int
+    inflight_proposals: int
+    busy: bool
+    failed: Optional[str]
+    conf_state: ConfState
+
+
+# ---------------------------------------------------------------- internals
+
+_QUEUED, _PROPOSED = 0, 1
+
+
+class _Proposal:
+    __slots__ = ("data", "cc", "fut", "state", "term", "index", "timer")
+
+    def __init__(self, data: bytes, cc: Optional[Union[ConfChange, ConfChangeV2]], fut: asyncio.Future):
+        self.data = data
+        self.cc = cc
+        self.fut = fut
+        self.state = _QUEUED
+        self.term = 0
+        self.index = 0
+        self.timer: Optional[asyncio.TimerHandle] = None
+
+
+class _Read:
+    __slots__ = ("fut", "timer", "index")
+
+    def __init__(self, fut: asyncio.Future):
+        self.fut = fut
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.index = 0
+
+
+def _settle(fut: asyncio.Future, result: Any = None, exc: Optional[BaseException] = None) -> bool:
+    """Resolve unless already done (expired or cancelled); True if this call resolved it."""
+    if fut.done():
+        return False
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+    return True
+
+
+class GroupDriver:
+    """One group member. Build with GroupDriver.open(); MultiRaft.add_group() does."""
+
+    def __init__(self, group_id: int, node_id: int, storage: DiskStorage, sm: StateMachine,
+                 options: GroupOptions, host: DriverHost):
+        # Use open().
+        self.group_id = group_id
+        self.node_id = node_id
+        self.storage = storage
+        self.sm = sm
+        self.options = options
+        self.host = host
+        self.stats = GroupStats()
+        snap = storage.snapshot()
+        if not snap.is_empty():
+            sm.restore(snap.data, snap.metadata.index)
+            invariant(sm.applied_index == snap.metadata.index, "state machine restored to the snapshot index")
+        self.applied = snap.metadata.index  # Invariant: everything <= applied is in the state machine
+        self.snap_index = snap.metadata.index  # newest snapshot in storage
+        self.conf_state = snap.metadata.conf_state  # configuration as of `applied`
+        rng = random.Random(options.seed if options.seed is not None else int.from_bytes(os.urandom(8), "big"))
+        self.rn = RawNode(Config(
+            id=node_id, rng=rng, applied=snap.metadata.index,
+            election_tick=options.election_tick, heartbeat_tick=options.heartbeat_tick,
+            check_quorum=options.check_quorum, pre_vote=options.pre_vote,
+            read_only_option=options.read_only_option, max_size_per_msg=options.max_size_per_msg,
+            max_inflight_msgs=options.max_inflight_msgs,
+            max_uncommitted_entries_size=options.max_uncommitted_entries_size), storage)
+        self.busy = False  # storage is in the executor: nothing may touch rn or storage
+        self.failed: Optional[BaseException] = None
+        self.closed = False
+        self.task: Optional[asyncio.Task] = None
+        self.pending_ticks = 0
+        self._inbox: deque[Message] = deque()
+        self._actions: deque[tuple[Callable[[], None], asyncio.Future]] = deque()  # callers' core calls
+        self._unreachable: set[int] = set()  # peers to report_unreachable (deduplicated)
+        self._snap_reports: list[tuple[int, bool]] = []  # (peer, ok) for report_snapshot
+        self._queue: deque[_Proposal] = deque()  # not yet given to the core
+        self._pending: dict[int, _Proposal] = {}  # index -> proposal appended in _lead_term
+        self._lead_term = 0
+        self._inflight = 0  # Invariant: == len(_queue) + len(_pending)
+        self._read_queue: list[_Read] = []  # not yet given to the core
+        self._reads_by_ctx: dict[bytes, tuple[int, int, list[_Read]]] = {}  # ctx -> (term, lead, reads)
+        self._reads_waiting: list[tuple[int, int, _Read]] = []  # heap (index, seq, read): awaiting apply
+        self._read_count = 0  # Invariant: reads not yet resolved or dropped from our structures
+        self._read_seq = 0
+        self._ctx_prefix = os.urandom(8)  # read contexts never collide with a previous incarnation's
+        self._unsynced_commit_saves = 0
+        self._log_bounds = (storage.first_index(), storage.last_index())  # as of the last storage job
+
+    @classmethod
+    def open(cls, group_id: int, node_id: int, data_dir: str, sm: StateMachine, options: GroupOptions,
+             host: DriverHost, bootstrap_voters: Sequence[int] = ()) -> "GroupDriver":
+        """Open (or create) the group's storage in `data_dir` and recover the state machine.
+
+        bootstrap_voters: for a founding member of a new group, the initial voters;
+        written as a snapshot at index 1, term 1 only if the directory is empty
+        (a restart ignores it). A member added later passes () and is caught up by
+        the leader's snapshot. Blocking (disk reads): call from a thread.
+        """
+        options.validate()
+        storage = DiskStorage.open(data_dir, options.storage)
+        try:
+            fresh = (storage.last_index() == 0 and storage.snapshot().is_empty()
+                     and storage.hard_state() == HardState())
+            if fresh and bootstrap_voters:
+                cs = ConfState(voters=tuple(sorted(set(bootstrap_voters))))
+                storage.apply_snapshot(Snapshot(SnapshotMetadata(index=1, term=1, conf_state=cs), sm.snapshot()))
+                storage.sync()
+            return cls(group_id, node_id, storage, sm, options, host)
+        except BaseException:
+            storage.close()
+            raise
+
+    # ------------------------------------------------ public API (loop thread)
+
+    async def propose(self, data: bytes, timeout: Optional[float] = None) -> Any:
+        """Replicate `data`; the state machine's apply() result once applied on this node."""
+        data = bytes(data)
+        if len(data) > self.options.max_proposal_bytes:
+            raise ProposalDropped(self.group_id, f"{len(data)} bytes over the limit "
+                                                 f"{self.options.max_proposal_bytes}")
+        if not data:
+            # An empty entry is what a new leader appends; we never give the machine one.
+            raise ProposalDropped(self.group_id, "empty proposal")
+        return await self._submit(data, None, timeout)
+
+    async def propose_conf_change(self, cc: Union[ConfChange, ConfChangeV2],
+                                  timeout: Optional[float] = None) -> ConfState:
+        """Resolves with the new ConfState once applied here; ConfChangeError if invalid
+        (identically on every replica); ProposalDropped if the leader refused it (another
+        change pending)."""
+        return await self._submit(b"", cc, timeout)
+
+    async def read_index(self, timeout: Optional[float] = None) -> int:
+        """Linearizable read barrier: returns once this replica has applied everything
+        committed before the call; the caller then reads the state machine. Works on
+        followers too (the request is forwarded to the leader)."""
+        self._check_usable()
+        r = self.rn.raft
+        if r.lead == NONE:
+            raise NotLeader(self.group_id, NONE, r.term)
+        if self._read_count >= self.options.max_pending_reads:
+            raise ReadFailed(self.group_id, "too many pending reads")
+        rd = _Read(self.host.loop.create_future())
+        if timeout is not None:
+            rd.timer = self.host.loop.call_later(timeout, self._expire_read, rd)
+        self._read_queue.append(rd)
+        self._read_count += 1
+        self.host.mark_dirty(self)
+        return await rd.fut
+
+    async def transfer_leader(self, to: int) -> None:
+        """Ask the leader to hand leadership to `to` (returns once the request is stepped)."""
+        await self._run_action(lambda: self.rn.transfer_leader(to))
+
+    async def campaign(self) -> None:
+        """Start an election now (tests, operators)."""
+        await self._run_action(self.rn.campaign)
+
+    def status(self) -> DriverStatus:
+        # Reads only core fields that never touch storage, and the storage's bounds as of its
+        # last job: safe even while the storage is busy in the executor.
+        r = self.rn.raft
+        first, last = self._log_bounds
+        return DriverStatus(
+            group_id=self.group_id, node_id=self.node_id, role=r.state, leader_id=r.lead, term=r.term,
+            commit=r.raft_log.committed, applied=self.applied, snapshot_index=self.snap_index,
+            first_index=first, last_index=last,
+            inflight_proposals=self._inflight, busy=self.busy,
+            failed=repr(self.failed) if self.failed else None, conf_state=self.conf_state)
+
+    def raft_status(self) -> Status:
+        return self.rn.status()
+
+    def is_leader(self) -> bool:
+        return self.rn.raft.state == StateRole.LEADER
+
+    # ------------------------------------------------ inputs from the node loop
+
+    def push_message(self, m: Message) -> bool:
+        if len(self._inbox) >= self.options.max_inbox_messages:
+            self.stats.inbox_dropped += 1  # Raft retransmits; memory stays bounded
+            return False
+        self._inbox.append(m)
+        return True
+
+    def report_unreachable(self, peer: int) -> None:
+        self._unreachable.add(peer)
+
+    def report_snapshot(self, peer: int, ok: bool) -> None:
+        # At most a few snapshot streams per group exist at a time; keep the latest per peer.
+        self._snap_reports = [(p, o) for p, o in self._snap_reports if p != peer]
+        self._snap_reports.append((peer, ok))
+
+    def pump(self) -> None:
+        """Feed everything queued into the core and handle at most one Ready. Not while busy."""
+        invariant(not self.busy, "pump() while the group's storage is in use")
+        if self.failed is not None or self.closed:
+            return
+        rn = self.rn
+        try:
+            inbox = self._inbox
+            while inbox:
+                m = inbox.popleft()
+                try:
+                    rn.step(m)
+                except StepError as exc:  # a message no correct peer sends: drop it, keep going
+                    self.stats.step_errors += 1
+                    log.warning("group %d node %d: %s", self.group_id, self.node_id, exc)
+            # Messages before ticks: ticks that piled up while the group was busy must not
+            # time out a leader whose heartbeats are sitting in the inbox.
+            n, self.pending_ticks = self.pending_ticks, 0
+            for _ in range(n):
+                rn.tick()
+            if n and self._reads_by_ctx:
+                self._prune_reads()
+            if self._unreachable:
+                for peer in self._unreachable:
+                    rn.report_unreachable(peer)
+                self._unreachable.clear()
+            if self._snap_reports:
+                for peer, ok in self._snap_reports:
+                    rn.report_snapshot(peer, ok)
+                self._snap_reports.clear()
+            actions = self._actions
+            while actions:
+                fn, fut = actions.popleft()
+                try:
+                    fn()
+                except CoreProposalDropped as exc:
+                    _settle(fut, exc=ProposalDropped(self.group_id, exc.reason))
+                else:
+                    _settle(fut)
+            self._check_leadership()
+            if self._queue:
+                self._propose_queued()
+            if self._read_queue:
+                self._issue_reads()
+            if rn.has_ready():
+                self._handle_ready(rn.ready())
+        except Exception as exc:
+            self.fail_stop(exc)
+
+    async def _run_action(self, fn: Callable[[], None]) -> None:
+        self._check_usable()
+        if len(self._actions) >= 64:  # operator calls are rare; a pile-up means a stuck group
+            raise ProposalDropped(self.group_id, "too many queued leadership/campaign requests")
+        fut = self.host.loop.create_future()
+        self._actions.append((fn, fut))
+        self.host.mark_dirty(self)
+        await fut
+
+    # ------------------------------------------------ proposals
+
+    async def _submit(self, data: bytes, cc, timeout: Optional[float]) -> Any:
+        self._check_usable()
+        r = self.rn.raft
+        if r.state != StateRole.LEADER:
+            raise NotLeader(self.group_id, r.lead, r.term)
+        if self._inflight >= self.options.max_inflight_proposals:
+            raise ProposalDropped(self.group_id, f"{self._inflight} proposals in flight (limit)")
+        p = _Proposal(data, cc, self.host.loop.create_future())
+        if timeout is not None:
+            p.timer = self.host.loop.call_later(timeout, self._expire, p)
+        self._queue.append(p)
+        self._inflight += 1
+        self.host.mark_dirty(self)
+        return await p.fut
+
+    def _check_usable(self) -> None:
+        if self.closed or self.host.closing:
+            raise ProposalDropped(self.group_id, "shutting down")
+        if self.failed is not None:
+            raise ProposalDropped(self.group_id, f"group failed: {self.failed!r}")
+
+    def _expire(self, p: _Proposal) -> None:
+        if p.state == _QUEUED:
+            # Still in our queue: _propose_queued() skips it, so it never reaches the log.
+            _settle(p.fut, exc=ProposalDropped(self.group_id, "deadline passed before it was proposed"))
+        else:
+            # Stays in _pending (counted in flight) until its index is applied or leadership ends.
+            _settle(p.fut, exc=UnknownOutcome(self.group_id, "deadline passed", p.term, p.index))
+
+    def _propose_queued(self) -> None:
+        r = self.rn.raft
+        q = self._queue
+        if r.state != StateRole.LEADER:
+            while q:
+                p = q.popleft()
+                self._done(p)
+                _settle(p.fut, exc=NotLeader(self.group_id, r.lead, r.term))
+            return
+        self._lead_term = r.term
+        rn, log_ = self.rn, r.raft_log
+        n = 0
+        while q and n < self.options.max_proposals_per_ready:
+            p = q.popleft()
+            if p.fut.done():  # expired or cancelled while queued: never proposed
+                self._done(p)
+                continue
+            try:
+                if p.cc is None:
+                    rn.propose(p.data)
+                else:
+                    rn.propose_conf_change(p.cc)
+            except CoreProposalDropped as exc:
+                self._done(p)
+                _settle(p.fut, exc=ProposalDropped(self.group_id, exc.reason))
+                continue
+            # A leader's propose appends synchronously at the end of its log.
+            index = log_.last_index()
+            invariant(index not in self._pending and log_.term(index) == r.term,
+                      "a proposal lands at a fresh index of the leader's term")
+            p.state, p.term, p.index = _PROPOSED, r.term, index
+            self._pending[index] = p
+            n += 1
+        self.stats.proposals += n
+        if q:
+            self.host.mark_dirty(self)  # the rest go into the next Ready
+
+    def _done(self, p: _Proposal) -> None:
+        """p leaves our structures (it is resolved or about to be)."""
+        self._inflight -= 1
+        if p.timer is not None:
+            p.timer.cancel()
+        invariant(self._inflight >= 0, "in-flight proposal accounting")
+
+    def _check_leadership(self) -> None:
+        """Entries appended in a term we no longer lead may or may not commit: say so now,
+        so callers can retry elsewhere instead of waiting for a deadline."""
+        r = self.rn.raft
+        if self._pending and (r.state != StateRole.LEADER or r.term != self._lead_term):
+            self._fail_pending(f"leadership lost (now term {r.term}, leader {r.lead or 'unknown'})")
+        if self._reads_by_ctx:
+            stale = [ctx for ctx, (term, lead, _) in self._reads_by_ctx.items()
+                     if term != r.term or lead != r.lead]
+            for ctx in stale:
+                # The leader that was to confirm these reads is gone; its answer may never come.
+                for rd in self._reads_by_ctx.pop(ctx)[2]:
+                    self._read_done(rd, exc=ReadFailed(self.group_id, "leader changed"))
+
+    def _fail_pending(self, reason: str) -> None:
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            self._done(p)
+            _settle(p.fut, exc=UnknownOutcome(self.group_id, reason, p.term, p.index))
+
+    # ------------------------------------------------ reads
+
+    def _issue_reads(self) -> None:
+        queued, self._read_queue = self._read_queue, []
+        reads = []
+        for rd in queued:
+            if rd.fut.done():  # expired or cancelled before it was issued
+                self._read_done(rd)
+            else:
+                reads.append(rd)
+        if not reads:
+            return
+        r = self.rn.raft
+        self._read_seq += 1
+        ctx = self._ctx_prefix + self._read_seq.to_bytes(8, "big")
+        try:
+            # One ReadIndex round for every read queued since the last iteration.
+            self.rn.read_index(ctx)
+        except CoreProposalDropped as exc:
+            for rd in reads:
+                self._read_done(rd, exc=ReadFailed(self.group_id, exc.reason))
+            return
+        self._reads_by_ctx[ctx] = (r.term, r.lead, reads)
+
+    def _on_read_state(self, rs: ReadState) -> None:
+        entry = self._reads_by_ctx.pop(rs.request_ctx, None)
+        if entry is None:
+            return  # not ours (an earlier incarnation's) or already failed
+        for rd in entry[2]:
+            rd.index = rs.index
+            self._read_seq += 1
+            heapq.heappush(self._reads_waiting, (rs.index, self._read_seq, rd))
+
+    def _resolve_reads(self) -> None:
+        w = self._reads_waiting
+        while w and w[0][0] <= self.applied:
+            _, _, rd = heapq.heappop(w)
+            self._read_done(rd, result=rd.index)
+
+    def _expire_read(self, rd: _Read) -> None:
+        # Stays in its structure until reached; the count is released there.
+        _settle(rd.fut, exc=ReadFailed(self.group_id, "deadline passed"))
+
+    def _read_done(self, rd: _Read, result: Any = None, exc: Optional[BaseException] = None) -> None:
+        self._read_count -= 1
+        if rd.timer is not None:
+            rd.timer.cancel()
+        _settle(rd.fut, result, exc)
+
+    def _prune_reads(self) -> None:
+        """Forget ReadIndex requests whose callers all gave up: the core may drop a
+        forwarded read silently, and then no ReadState ever comes for its ctx."""
+        dead = [ctx for ctx, (_, _, reads) in self._reads_by_ctx.items() if all(rd.fut.done() for rd in reads)]
+        for ctx in dead:
+            for rd in self._reads_by_ctx.pop(ctx)[2]:
+                self._read_done(rd)
+
+    # ------------------------------------------------ Ready handling
+
+    def _handle_ready(self, rd: Ready) -> None:
+        self.stats.readies += 1
+        send = self.host.send
+        gid = self.group_id
+        for m in rd.messages:
+            send(gid, m)
+        if rd.must_sync or rd.snapshot is not None \
+                or (rd.hard_state is not None
+                    and self._unsynced_commit_saves >= self.options.max_unsynced_commit_saves):
+            self._unsynced_commit_saves = 0
+            self._start(self._persist_and_finish(rd))
+            return
+        if rd.hard_state is not None:
+            # Only the commit index moved: buffer it, the next sync carries it.
+            self.storage.save(rd.hard_state, ())
+            self._unsynced_commit_saves += 1
+        self._finish(rd)
+        if self._snapshot_due():
+            self._start(self._make_snapshot())
+
+    def _start(self, coro) -> None:
+        self.busy = True
+        self.task = self.host.loop.create_task(self._busy(coro))
+
+    async def _busy(self, coro) -> None:
+        try:
+            await coro
+        except Exception as exc:
+            self.fail_stop(exc)
+        finally:
+            self.busy = False
+            self.task = None
+            if not self.storage.closed:
+                self._log_bounds = (self.storage.first_index(), self.storage.last_index())
+            self.host.mark_dirty(self)
+
+    async def _persist_and_finish(self, rd: Ready) -> None:
+        await self.host.loop.run_in_executor(self.host.executor, self._persist, rd)
+        self.stats.syncs += 1
+        self._finish(rd)
+        if self._snapshot_due() and not self.host.closing:
+            await self._make_snapshot()
+
+    def _persist(self, rd: Ready) -> None:
+        """Executor thread. Order per the Ready contract: snapshot, entries, hard state, fsync."""
+        st = self.storage
+        if rd.snapshot is not None:
+            st.apply_snapshot(rd.snapshot)
+        st.save(rd.hard_state, rd.entries)
+        synced = st.sync()
+        invariant(synced or not st.durable, "a durable storage's sync() returned False")
+
+    def _finish(self, rd: Ready) -> None:
+        """After persisting: promise durability, apply, advance. Loop thread."""
+        send = self.host.send
+        gid = self.group_id
+        for m in rd.persisted_messages:
+            send(gid, m)
+        if rd.snapshot is not None:
+            self._install(rd.snapshot)
+        for e in rd.committed_entries:
+            self._apply(e)
+        for rs in rd.read_states:
+            self._on_read_state(rs)
+        self.rn.advance(rd)
+        if self._reads_waiting:
+            self._resolve_reads()
+        if rd.soft_state is not None:
+            self._check_leadership()
+
+    def _install(self, snap: Snapshot) -> None:
+        idx = snap.metadata.index
+        invariant(idx > self.applied, f"snapshot at {idx} not past applied {self.applied}")
+        self.sm.restore(snap.data, idx)
+        invariant(self.sm.applied_index == idx, "state machine restored to the snapshot index")
+        self.applied = self.snap_index = idx
+        self.conf_state = snap.metadata.conf_state
+        self.stats.snapshots_installed += 1
+        if self._pending:  # a leader never installs a snapshot; a stale proposal cannot stay
+            self._fail_pending("replaced by an installed snapshot")
+
+    def _apply(self, e: Entry) -> None:
+        if e.index <= self.applied:
+            return  # covered by the snapshot installed in this same Ready
+        invariant(e.index == self.applied + 1, f"apply gap: {e.index} after {self.applied}")
+        result: Any = None
+        err: Optional[BaseException] = None
+        if e.type == EntryType.NORMAL:
+            if e.data:
+                invariant(e.index > self.sm.applied_index, "state machine already has this index")
+                result = self.sm.apply(e.index, e.data)
+        else:
+            try:
+                self.conf_state = self.rn.apply_conf_change(decode_conf_change_entry(e))
+                result = self.conf_state
+            except ConfChangeError as exc:  # rejected identically by every replica
+                err = exc
+        self.applied = e.index
+        self.stats.applied_entries += 1
+        p = self._pending.pop(e.index, None)
+        if p is None:
+            return
+        self._done(p)
+        if e.term != p.term:
+            err = ProposalDropped(self.group_id, f"log index {e.index} committed with term {e.term}'s entry")
+        elif p.cc is not None and e.type == EntryType.NORMAL:
+            err = ProposalDropped(self.group_id, "conf change refused by the leader (one is pending)")
+        _settle(p.fut, result, err)
+
+    # ------------------------------------------------ snapshots
+
+    def _snapshot_due(self) -> bool:
+        return self.applied - self.snap_index >= self.options.snapshot_entries
+
+    async def _make_snapshot(self) -> None:
+        """State machine image at `applied` -> snapshot file -> compact the log (executor)."""
+        index, cs, data = self.applied, self.conf_state, self.sm.snapshot()
+        keep = self.options.snapshot_keep_entries
+        await self.host.loop.run_in_executor(self.host.executor, self.storage.create_snapshot,
+                                             index, cs, data, keep)
+        self.snap_index = index
+        self.stats.snapshots_created += 1
+
+    # ------------------------------------------------ failure and shutdown
+
+    def fail_stop(self, exc: BaseException) -> None:
+        """Fail-stop: a storage or state machine error leaves this replica's state uncertain."""
+        if self.failed is None:
+            log.error("group %d node %d failed; it stops serving", self.group_id, self.node_id,
+                      exc_info=exc)
+            self.failed = exc
+        self.fail_outstanding(f"group failed: {exc!r}")
+
+    def fail_outstanding(self, reason: str) -> None:
+        """Resolve every caller: queued -> ProposalDropped, in the log -> UnknownOutcome."""
+        actions, self._actions = self._actions, deque()
+        for _, fut in actions:
+            _settle(fut, exc=ProposalDropped(self.group_id, reason))
+        q, self._queue = self._queue, deque()
+        for p in q:
+            self._done(p)
+            _settle(p.fut, exc=ProposalDropped(self.group_id, reason))
+        self._fail_pending(reason)
+        reads = list(self._read_queue)
+        self._read_queue = []
+        for _, _, rs in self._reads_by_ctx.values():
+            reads.extend(rs)
+        self._reads_by_ctx.clear()
+        reads.extend(rd for _, _, rd in self._reads_waiting)
+        self._reads_waiting = []
+        for rd in reads:
+            self._read_done(rd, exc=ReadFailed(self.group_id, reason))
+
+    def close_storage(self, sync: bool = True) -> None:
+        """Blocking: sync (clean shutdown) and close the storage. Never while busy."""
+        invariant(not self.busy, "close_storage() while the storage is in use")
+        self.closed = True
+        if self.storage.closed:
+            return
+        if sync and self.failed is None:
+            self.storage.sync()
+        self.storage.close()

@@ -1,0 +1,282 @@
+"""MultiRaft: many groups per node, per-peer batching, idle cost, transport faults; LocalTransport."""
+import asyncio
+import time
+
+import pytest
+
+from xraft.node.raft.progress import ProgressState
+from xraft.node.raft.types import Entry, Message, MessageType as MT, Snapshot, SnapshotMetadata
+from xraft.node.runtime.multiraft import MultiRaft, MultiRaftOptions, message_size
+from xraft.node.runtime.transport import LocalNetwork, LocalTransport
+from tests.runtime.test_driver import Cluster
+
+GROUPS = tuple(range(1, 51))
+
+
+@pytest.fixture
+def run():
+    import uvloop
+
+    def _run(coro):
+        return uvloop.run(asyncio.wait_for(coro, 60))
+    return _run
+
+
+async def wait_all_leaders(c, gids, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        leaders = {}
+        for gid in gids:
+            leads = [n for n in c.nodes if c.g(n, gid).is_leader()]
+            if len(leads) == 1:
+                leaders[gid] = leads[0]
+        if len(leaders) == len(gids):
+            return leaders
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"only {len(leaders)} of {len(gids)} groups have a leader")
+
+
+def total_syncs(c):
+    return sum(g.stats.syncs for mr in c.nodes.values() for g in mr.groups.values())
+
+
+def terms(c):
+    return {(n, gid): g.status().term for n, mr in c.nodes.items() for gid, g in mr.groups.items()}
+
+
+def test_fifty_groups_elect_leaders_and_stay_quiet_when_idle(tmp_path, run):
+    async def main():
+        c = Cluster(tmp_path, groups=GROUPS, tick=0.02)
+        await c.start()
+        try:
+            leaders = await wait_all_leaders(c, GROUPS)
+            # Let the elections' last Readies (term change, no-op entry, commit) settle.
+            await c.wait_for(lambda: all(c.g(n, gid).applied == 2 for n in c.ids for gid in GROUPS),
+                             10, "every group's no-op entry applied everywhere")
+            await asyncio.sleep(0.2)
+            syncs0, terms0 = total_syncs(c), terms(c)
+            ticks0 = sum(mr.stats.ticks for mr in c.nodes.values())
+            sends0 = sum(mr.stats.sends for mr in c.nodes.values())
+            msgs0 = sum(mr.stats.messages_sent for mr in c.nodes.values())
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            await asyncio.sleep(1.5)
+            cpu = time.process_time() - cpu0
+            wall = time.perf_counter() - wall0
+            ticks = sum(mr.stats.ticks for mr in c.nodes.values()) - ticks0
+            sends = sum(mr.stats.sends for mr in c.nodes.values()) - sends0
+            msgs = sum(mr.stats.messages_sent for mr in c.nodes.values()) - msgs0
+            # Quiet: no fsync, no election, leadership unchanged.
+            assert total_syncs(c) == syncs0
+            assert terms(c) == terms0
+            assert await wait_all_leaders(c, GROUPS) == leaders
+            # Heartbeats (and, an iteration later, their responses) of all 50 groups to a
+            # peer share one send: at most 2 peers x 2 rounds per node-tick, whatever the
+            # number of groups.
+            assert sends <= ticks * 4, (sends, ticks)
+            assert msgs / sends >= 10, (msgs, sends)
+            per_tick_us = cpu / ticks * 1e6
+            print(f"\nidle: 3 nodes x {len(GROUPS)} groups, {ticks} node-ticks in {wall:.2f}s, "
+                  f"CPU {cpu * 1e3:.0f} ms = {per_tick_us:.0f} us per node-tick "
+                  f"({per_tick_us / len(GROUPS):.1f} us per group-tick), {sends} sends carrying {msgs} messages")
+            assert per_tick_us < 20_000  # far below a 20 ms tick: the loop is mostly asleep
+            assert cpu / wall < 0.5
+            # Every group still takes writes.
+            res = await asyncio.gather(*(c.g(leaders[gid], gid).propose(b"k=%d" % gid, 10) for gid in GROUPS))
+            assert all(r >= 3 for r in res)
+        finally:
+            await c.close()
+    run(main())
+
+
+def test_messages_of_all_groups_to_a_peer_share_one_send(tmp_path, run):
+    async def main():
+        gids = tuple(range(1, 11))
+        c = Cluster(tmp_path, groups=gids, tick=0.02)
+        await c.start()
+        try:
+            leaders = await wait_all_leaders(c, gids)
+            # Put all leaders on node 1 so one node sends for every group.
+            for gid in gids:
+                if leaders[gid] != 1:
+                    await c.g(leaders[gid], gid).transfer_leader(1)
+            await c.wait_for(lambda: all(c.g(1, gid).is_leader() for gid in gids), 10, "transfers")
+            mr = c.nodes[1]
+            sends0, flushes0 = mr.stats.sends, mr.stats.flushes
+            mr.stats.largest_batch = 0
+            await asyncio.gather(*(c.g(1, gid).propose(b"x=%d" % i, 10) for gid in gids for i in range(50)))
+            sends, flushes = mr.stats.sends - sends0, mr.stats.flushes - flushes0
+            # One send per peer per iteration, whatever the number of groups...
+            assert sends <= 2 * flushes, (sends, flushes)
+            # ...so the iteration that proposed for the 10 groups sent each peer their MsgApps at
+            # once (a group still busy with its previous Ready joins a later batch).
+            assert mr.stats.largest_batch >= len(gids) // 2, mr.stats.largest_batch
+            for gid in gids:
+                await c.wait_converged(gid)
+        finally:
+            await c.close()
+    run(main())
+
+
+def test_refused_sends_report_the_peer_unreachable(tmp_path, run):
+    async def main():
+        c = await Cluster(tmp_path).start()
+        try:
+            leader = await c.wait_leader()
+            peer = next(n for n in c.ids if n != leader.node_id)
+            await leader.propose(b"a=1", 5)
+            await c.wait_for(lambda: leader.raft_status().progress[peer].state == ProgressState.REPLICATE,
+                             5, "replicate state")
+            c.net.cut(leader.node_id, peer)
+            await leader.propose(b"b=1", 5)  # the other follower makes the quorum
+            # The refused MsgApp turned into report_unreachable: the progress fell back to probing.
+            assert leader.raft_status().progress[peer].state == ProgressState.PROBE
+            assert c.nodes[leader.node_id].stats.sends_refused > 0
+            c.net.heal()
+            await c.wait_converged()
+        finally:
+            await c.close()
+    run(main())
+
+
+def test_messages_for_unknown_groups_are_dropped_and_counted(tmp_path, run):
+    async def main():
+        net = LocalNetwork()
+        mr = MultiRaft(1, LocalTransport(net, 1), MultiRaftOptions(tick_interval_s=0.01))
+        await mr.start()
+        other = LocalTransport(net, 2)
+        got = []
+
+        class H:
+            def deliver(self, frm, batch):
+                got.append(batch)
+
+            def unreachable(self, peer, lost):
+                pass
+        other.start(H())
+        assert other.send(1, [(99, Message(MT.HEARTBEAT, to=1, frm=2, term=1))])
+        await asyncio.sleep(0.02)
+        assert mr.stats.unknown_group_messages == 1
+        await mr.close()
+        assert not other.send(1, [(99, Message(MT.HEARTBEAT, to=1, frm=2, term=1))])  # node 1 gone
+        await other.close()
+    run(main())
+
+
+def test_outbox_splits_batches_at_the_byte_limit(tmp_path, run):
+    async def main():
+        net = LocalNetwork(codec=False)
+        opts = MultiRaftOptions(tick_interval_s=1.0, max_batch_bytes=10_000, max_batch_messages=1000)
+        mr = MultiRaft(1, LocalTransport(net, 1), opts)
+        await mr.start()
+        peer = LocalTransport(net, 2)
+        batches = []
+
+        class H:
+            def deliver(self, frm, batch):
+                batches.append(batch)
+
+            def unreachable(self, peer, lost):
+                pass
+        peer.start(H())
+        big = Message(MT.APP, to=2, frm=1, term=1, entries=(Entry(1, 1, data=b"x" * 3000),))
+        for _ in range(10):
+            mr.send(7, big)
+        mr._flush()
+        await asyncio.sleep(0)
+        assert [len(b) for b in batches] == [3, 3, 3, 1]
+        assert all(sum(message_size(m) for _, m in b) <= 10_000 for b in batches)
+        await mr.close()
+        await peer.close()
+    run(main())
+
+
+# ---------------------------------------------------------------- LocalTransport
+
+
+class Recorder:
+    def __init__(self):
+        self.got = []
+        self.lost = []
+
+    def deliver(self, frm, batch):
+        self.got.append((frm, list(batch)))
+
+    def unreachable(self, peer, lost):
+        self.lost.append((peer, list(lost)))
+
+
+def _pair(net):
+    a, b = LocalTransport(net, 1), LocalTransport(net, 2)
+    ra, rb = Recorder(), Recorder()
+    a.start(ra)
+    b.start(rb)
+    return a, b, ra, rb
+
+
+def test_local_transport_delivers_in_order_through_the_codec(run):
+    async def main():
+        net = LocalNetwork(codec=True)
+        a, b, ra, rb = _pair(net)
+        snap = Snapshot(SnapshotMetadata(index=5, term=2), b"img")
+        msgs = [Message(MT.APP, to=2, frm=1, term=1, index=i, entries=(Entry(1, i + 1, data=b"d"),))
+                for i in range(5)] + [Message(MT.SNAP, to=2, frm=1, term=2, snapshot=snap, chunk_total=3)]
+        for i, m in enumerate(msgs):
+            assert a.send(2, [(i, m)])
+        await asyncio.sleep(0)
+        assert [batch[0] for _, batch in rb.got] == list(enumerate(msgs))  # equal values...
+        assert rb.got[0][1][0][1] is not msgs[0]  # ...rebuilt from bytes
+        assert all(frm == 1 for frm, _ in rb.got)
+        await a.close()
+        await b.close()
+    run(main())
+
+
+def test_local_transport_partition_refuses_and_in_flight_loss_is_reported(run):
+    async def main():
+        net = LocalNetwork(codec=False)
+        a, b, ra, rb = _pair(net)
+        m = Message(MT.HEARTBEAT, to=2, frm=1, term=1)
+        net.partition(1, 2)
+        assert not a.send(2, [(1, m)]) and not b.send(1, [(1, m)])
+        net.heal()
+        assert a.send(2, [(1, m)])
+        net.cut(1, 2)  # cut while the batch is in flight: the sender hears it was lost
+        await asyncio.sleep(0)
+        assert rb.got == [] and ra.lost == [(2, [(1, m)])]
+        net.heal()
+        await b.close()
+        assert not a.send(2, [(1, m)])  # closed peer: refused
+        await a.close()
+    run(main())
+
+
+def test_local_transport_bounds_in_flight_batches_and_drops_silently(run):
+    async def main():
+        net = LocalNetwork(codec=False, max_inflight_batches=3)
+        a, b, ra, rb = _pair(net)
+        m = Message(MT.HEARTBEAT, to=2, frm=1, term=1)
+        assert [a.send(2, [(1, m)]) for _ in range(5)] == [True, True, True, False, False]
+        await asyncio.sleep(0)
+        assert len(rb.got) == 3 and net.link_stats(1, 2).refused == 2
+        lossy = LocalNetwork(codec=False, drop_rate=0.5, seed=7)
+        c, d, rc, rd = _pair(lossy)
+        accepted = sum(c.send(2, [(1, m)]) for _ in range(200))
+        await asyncio.sleep(0)
+        assert accepted == 200 and 50 < len(rd.got) < 150 and rc.lost == []
+        assert lossy.link_stats(1, 2).dropped == 200 - len(rd.got)
+        for t in (a, b, c, d):
+            await t.close()
+    run(main())
+
+
+def test_second_open_transport_for_a_node_is_refused(run):
+    async def main():
+        net = LocalNetwork()
+        t = LocalTransport(net, 1)
+        with pytest.raises(ValueError):
+            LocalTransport(net, 1)
+        await t.close()
+        LocalTransport(net, 1)  # a restarted node may register again
+        with pytest.raises(ValueError):
+            LocalNetwork(drop_rate=1.0)
+    run(main())
