@@ -516,26 +516,46 @@ class GroupDriver:
         rn, log_ = self.rn, r.raft_log
         n = 0
         while q and n < self.options.max_proposals_per_ready:
-            p = q.popleft()
-            if p.fut.done():  # expired or cancelled while queued: never proposed
-                self._done(p)
-                continue
-            try:
-                if p.cc is None:
-                    rn.propose(p.data)
-                else:
+            # Take a run of data proposals (stopping at a conf change): they enter the core as
+            # ONE proposal — one append, one MsgApp per follower — the cheap path in the core.
+            run = []
+            while q and n + len(run) < self.options.max_proposals_per_ready and q[0].cc is None:
+                p = q.popleft()
+                if p.fut.done():  # expired or cancelled while queued: never proposed
+                    self._done(p)
+                    continue
+                run.append(p)
+            if not run:
+                if not q or q[0].cc is None:
+                    continue
+                p = q.popleft()
+                if p.fut.done():
+                    self._done(p)
+                    continue
+                try:
                     rn.propose_conf_change(p.cc)
-            except CoreProposalDropped as exc:
-                self._done(p)
-                _settle(p.fut, exc=ProposalDropped(self.group_id, exc.reason))
-                continue
-            # A leader's propose appends synchronously at the end of its log.
-            index = log_.last_index()
-            invariant(index not in self._pending and log_.term(index) == r.term,
-                      "a proposal lands at a fresh index of the leader's term")
-            p.state, p.term, p.index = _PROPOSED, r.term, index
-            self._pending[index] = p
-            n += 1
+                except CoreProposalDropped as exc:
+                    self._done(p)
+                    _settle(p.fut, exc=ProposalDropped(self.group_id, exc.reason))
+                    continue
+                run = [p]
+            else:
+                try:
+                    rn.propose_batch([p.data for p in run])
+                except CoreProposalDropped as exc:  # all or nothing: none was appended
+                    for p in run:
+                        self._done(p)
+                        _settle(p.fut, exc=ProposalDropped(self.group_id, exc.reason))
+                    continue
+            # A leader's propose appends synchronously at the end of its log, in order.
+            last = log_.last_index()
+            for i, p in enumerate(run):
+                index = last - len(run) + 1 + i
+                invariant(index not in self._pending and log_.term(index) == r.term,
+                          "a proposal lands at a fresh index of the leader's term")
+                p.state, p.term, p.index = _PROPOSED, r.term, index
+                self._pending[index] = p
+            n += len(run)
         self.stats.proposals += n
         if q:
             self.host.mark_dirty(self)  # the rest go into the next Ready
