@@ -1,0 +1,132 @@
+"""xraftctl: the operator's command line.
+
+    xraftctl local up     --dir DIR [--nodes 3] [--base-port P] [--fsync always|batch|never]
+    xraftctl local down   --dir DIR
+    xraftctl local status --dir DIR [--json]
+    xraftctl local kill   --dir DIR --node ID [--signal KILL|TERM|STOP|CONT]
+
+`--dir` may also come from XRAFT_LOCAL_DIR. Progress goes to stderr and results
+to stdout, so `xraftctl local status --json | jq` works while `up` still shows
+what it is waiting for. Failures exit 1 with the reason (and, for nodes that
+would not start, the end of their log).
+"""
+import json
+import sys
+import time
+
+import click
+
+from . import local_cluster as lc
+
+
+def _progress():
+    t0 = time.monotonic()
+
+    def emit(msg: str) -> None:
+        click.echo(f"[{time.monotonic() - t0:5.1f}s] {msg}", err=True)
+    return emit
+
+
+def _run(fn, *args, **kwargs):
+    """Library errors become click errors: `Error: <text>` on stderr, exit status 1."""
+    try:
+        return fn(*args, **kwargs)
+    except lc.LocalClusterError as e:
+        raise click.ClickException(str(e))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Operate xraft clusters."""
+
+
+@main.group()
+def local():
+    """A cluster of xraft-node processes on this machine, kept in one directory."""
+
+
+dir_option = click.option("--dir", "dir_", required=True, envvar="XRAFT_LOCAL_DIR",
+                          type=click.Path(file_okay=False), help="The cluster's directory (env XRAFT_LOCAL_DIR).")
+
+
+@local.command()
+@dir_option
+@click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 9), help="Number of voters.")
+@click.option("--base-port", type=click.IntRange(1024, 65535),
+              help="Use ports P, P+1, ... (gRPC then RESP per node); default: free ports the OS picks.")
+@click.option("--fsync", type=click.Choice(lc.FSYNC_CHOICES), help="The nodes' fsync policy (default: the node's).")
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(1, 3600),
+              help="Seconds to wait for every node to be ready and a leader to be elected.")
+@click.option("--node-arg", "node_args", multiple=True, metavar="ARG",
+              help="Extra argument for every node, verbatim (repeatable), e.g. --node-arg=--tick-ms=50. "
+                   "Only for a new cluster; kept in cluster.json for restarts.")
+@click.option("--node-command", default=None, metavar="CMD",
+              help="Command that runs a node (default: this Python with -m xraft.node.server.node_main).")
+def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command):
+    """Start a local cluster, or restart a stopped one from its data.
+
+    A new cluster gets free ports, a random cluster id and a shared secret
+    (DIR/secret, mode 0600). If DIR holds a stopped cluster, its nodes restart
+    on the same ports with the same data; nodes still running are left alone.
+    """
+    command = node_command.split() if node_command else None
+    cluster = _run(lc.up, dir_, nodes=nodes, base_port=base_port, fsync=fsync, timeout=timeout,
+                   progress=_progress(), node_command=command, node_args=node_args)
+    click.echo(lc.connection_help(cluster, lc.find_leader(cluster)))
+
+
+@local.command()
+@dir_option
+@click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0, 600),
+              help="Seconds to wait after SIGTERM before SIGKILL.")
+def down(dir_, timeout):
+    """Stop every node (SIGTERM; SIGKILL after --timeout, and say so)."""
+    progress = _progress()
+    killed = _run(lc.down, dir_, timeout=timeout, progress=progress)
+    if killed:
+        click.echo(f"stopped; node(s) {', '.join(map(str, killed))} had to be killed with SIGKILL "
+                   f"(their logs may say why they did not shut down)")
+    else:
+        click.echo("stopped")
+
+
+@local.command()
+@dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list (keys id, pid, alive, grpc, resp, role, ...).")
+@click.option("--timeout", default=1.0, show_default=True, type=click.FloatRange(0.05, 30),
+              help="Seconds to wait for each node's INFO raft.")
+def status(dir_, as_json, timeout):
+    """Each node: pid, alive?, addresses and Raft role ("down" if it does not answer)."""
+    cluster = _run(lc.load, dir_)
+    rows = lc.status(cluster, timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"cluster {cluster.cluster_id} in {cluster.dir} (last asked to be {cluster.state})")
+    header = f"{'ID':>3}  {'PID':>7}  {'ALIVE':5}  {'ROLE':9}  {'TERM':>5}  {'COMMIT':>7}  {'GRPC':21}  RESP"
+    click.echo(header)
+    for r in rows:
+        click.echo(f"{r['id']:>3}  {r['pid'] or '-':>7}  {'yes' if r['alive'] else 'no':5}  {r['role']:9}  "
+                   f"{_dash(r['term']):>5}  {_dash(r['commit_index']):>7}  {r['grpc']:21}  {r['resp']}")
+    leader = lc.leader_of(rows)
+    click.echo(f"leader: node {leader['id']} (redis-cli -p {leader['resp'].rsplit(':', 1)[1]})" if leader
+               else "leader: none known")
+
+
+def _dash(v):
+    return "-" if v is None else str(v)
+
+
+@local.command()
+@dir_option
+@click.option("--node", "node_id", required=True, type=int, help="The node's id.")
+@click.option("--signal", "sig", default="KILL", show_default=True, type=click.Choice(list(lc.SIGNALS),
+              case_sensitive=False), help="KILL = crash, TERM = clean stop, STOP/CONT = pause/resume.")
+def kill(dir_, node_id, sig):
+    """Send a signal to one node (HA testing); `up` restarts it from disk afterwards."""
+    node = _run(lc.kill, dir_, node_id, sig)
+    click.echo(f"sent SIG{sig.upper()} to node {node_id} (pid {node.pid})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
