@@ -1,0 +1,350 @@
+"""The command methods of the async client: arguments -> request, response -> typed result.
+
+A mixin over `aio.Client._unary(rpc, request, write=..., timeout=...)`, which
+owns routing, retries and errors. Each method is the redis command it names,
+with redis's argument names; results are the dataclasses of types.py.
+"""
+from xraft.proto.v1 import client_pb2 as pb
+
+from .errors import from_detail
+from .types import (AutoClaimResult, ClaimResult, ConsumerInfo, PendingEntry, PendingSummary, StreamID,
+                    bound_to_pb, end_to_pb, entry_from_pb, fields_to_pb, group_info_from_pb, group_start_to_pb,
+                    stream_info_from_pb, streams_from_pb, to_bytes, trim_to_pb, value_from_pb, xadd_entry_to_pb)
+
+# A blocking call's gRPC deadline is its block time plus this much slack, so
+# that "nothing arrived" comes back as the command's empty reply, not a timeout.
+BLOCK_SLACK_S = 2.0
+
+
+def _ids(ids) -> list:
+    return [StreamID.parse(i).to_pb() for i in ids]
+
+
+def _block_timeout(block_ms, timeout):
+    """The call's timeout for a blocking form: BLOCK 0 waits as long as the
+    caller allows (None = no deadline)."""
+    if timeout is not None or block_ms is None:
+        return timeout
+    return None if block_ms == 0 else block_ms / 1000 + BLOCK_SLACK_S
+
+
+class Commands:
+    # -- streams: writes -------------------------------------------------------------
+
+    async def xadd(self, key, fields, id="*", *, nomkstream=False, maxlen=None, minid=None,
+                   approximate=False, limit=None, timeout=None):
+        """XADD: the new entry's StreamID, or None (NOMKSTREAM, no stream)."""
+        [result] = await self.xadd_batch(key, [(id, fields)], nomkstream=nomkstream, maxlen=maxlen, minid=minid,
+                                         approximate=approximate, limit=limit, timeout=timeout, raise_errors=True)
+        return result
+
+    async def xadd_batch(self, key, entries, *, nomkstream=False, maxlen=None, minid=None, approximate=False,
+                         limit=None, timeout=None, raise_errors=False):
+        """Append several entries in one log record. `entries`: field mappings
+        (ID "*") or (id, fields) pairs. One result per entry: StreamID, None
+        (NOMKSTREAM), or the entry's XRaftError (returned, not raised, unless
+        `raise_errors`): one entry's failure does not undo the others."""
+        items = []
+        for e in entries:
+            if isinstance(e, tuple) and len(e) == 2 and not isinstance(e[1], (bytes, str)):
+                items.append(xadd_entry_to_pb(e[1], e[0]))
+            else:
+                items.append(xadd_entry_to_pb(e))
+        req = pb.XAddRequest(key=to_bytes(key), entries=items, no_mkstream=nomkstream)
+        trim = trim_to_pb(maxlen, minid, approximate, limit)
+        if trim is not None:
+            req.trim.CopyFrom(trim)
+        resp = await self._unary("XAdd", req, write=True, timeout=timeout)
+        out = []
+        for r in resp.results:
+            kind = r.WhichOneof("outcome")
+            if kind == "id":
+                out.append(StreamID.from_pb(r.id))
+            elif kind == "skipped":
+                out.append(None)
+            else:
+                err = from_detail(r.error)
+                if raise_errors:
+                    raise err
+                out.append(err)
+        return out
+
+    async def xdel(self, key, *ids, timeout=None) -> int:
+        return (await self._unary("XDel", pb.XDelRequest(key=to_bytes(key), ids=_ids(ids)),
+                                  write=True, timeout=timeout)).deleted
+
+    async def xtrim(self, key, *, maxlen=None, minid=None, approximate=False, limit=None, timeout=None) -> int:
+        trim = trim_to_pb(maxlen, minid, approximate, limit)
+        if trim is None:
+            raise ValueError("xtrim needs maxlen or minid")
+        return (await self._unary("XTrim", pb.XTrimRequest(key=to_bytes(key), trim=trim),
+                                  write=True, timeout=timeout)).trimmed
+
+    async def xsetid(self, key, last_id, *, entries_added=None, max_deleted_id=None, timeout=None) -> None:
+        req = pb.XSetIdRequest(key=to_bytes(key), last_id=StreamID.parse(last_id).to_pb())
+        if entries_added is not None:
+            req.entries_added = entries_added
+        if max_deleted_id is not None:
+            req.max_deleted_id.CopyFrom(StreamID.parse(max_deleted_id).to_pb())
+        await self._unary("XSetId", req, write=True, timeout=timeout)
+
+    # -- streams: reads --------------------------------------------------------------
+
+    async def xrange(self, key, min="-", max="+", count=None, *, timeout=None) -> list:
+        return await self._range("XRange", key, min, max, count, timeout)
+
+    async def xrevrange(self, key, max="+", min="-", count=None, *, timeout=None) -> list:
+        return await self._range("XRevRange", key, min, max, count, timeout)
+
+    async def _range(self, rpc, key, lo, hi, count, timeout):
+        req = pb.XRangeRequest(key=to_bytes(key), min=bound_to_pb(lo, True), max=bound_to_pb(hi, False))
+        if count is not None:
+            req.count = count
+        resp = await self._unary(rpc, req, write=False, timeout=timeout)
+        return [entry_from_pb(e) for e in resp.entries]
+
+    async def xlen(self, key, *, timeout=None) -> int:
+        return (await self._unary("XLen", pb.XLenRequest(key=to_bytes(key)), write=False, timeout=timeout)).length
+
+    async def xread(self, streams: dict, count=None, block_ms=None, *, timeout=None) -> dict:
+        """XREAD: {key: id | "$"} -> {key: [StreamEntry]} (only streams with entries)."""
+        req = pb.XReadRequest()
+        for key, after in streams.items():
+            s = req.streams.add(key=to_bytes(key))
+            if after in ("$", b"$"):
+                s.new_entries_only = True
+            else:
+                s.after.CopyFrom(StreamID.parse(after).to_pb())
+        if count is not None:
+            req.count = count
+        if block_ms is not None:
+            req.block_ms = block_ms
+        resp = await self._unary("XRead", req, write=False, timeout=_block_timeout(block_ms, timeout))
+        return streams_from_pb(resp.streams)
+
+    async def xreadgroup(self, group, consumer, streams: dict, count=None, block_ms=None, noack=False, *,
+                         timeout=None) -> dict:
+        """XREADGROUP: {key: ">" | id} -> {key: [StreamEntry]} (history entries may be `deleted`)."""
+        req = pb.XReadGroupRequest(group=to_bytes(group), consumer=to_bytes(consumer), no_ack=noack)
+        for key, after in streams.items():
+            s = req.streams.add(key=to_bytes(key))
+            if after in (">", b">"):
+                s.new_entries = True
+            else:
+                s.after.CopyFrom(StreamID.parse(after).to_pb())
+        if count is not None:
+            req.count = count
+        if block_ms is not None:
+            req.block_ms = block_ms
+        resp = await self._unary("XReadGroup", req, write=True, timeout=_block_timeout(block_ms, timeout))
+        return streams_from_pb(resp.streams)
+
+    # -- consumer groups ---------------------------------------------------------------
+
+    async def xack(self, key, group, *ids, timeout=None) -> int:
+        req = pb.XAckRequest(key=to_bytes(key), group=to_bytes(group), ids=_ids(ids))
+        return (await self._unary("XAck", req, write=True, timeout=timeout)).acked
+
+    async def xpending(self, key, group, *, timeout=None) -> PendingSummary:
+        resp = await self._unary("XPending", pb.XPendingRequest(key=to_bytes(key), group=to_bytes(group)),
+                                 write=False, timeout=timeout)
+        return PendingSummary(resp.count,
+                              StreamID.from_pb(resp.min_id) if resp.HasField("min_id") else None,
+                              StreamID.from_pb(resp.max_id) if resp.HasField("max_id") else None,
+                              {c.consumer: c.pending for c in resp.consumers})
+
+    async def xpending_range(self, key, group, min="-", max="+", count=10, consumer=None, idle=None, *,
+                             timeout=None) -> list:
+        req = pb.XPendingExtendedRequest(key=to_bytes(key), group=to_bytes(group), min=bound_to_pb(min, True),
+                                         max=bound_to_pb(max, False), count=count)
+        if consumer is not None:
+            req.consumer = to_bytes(consumer)
+        if idle is not None:
+            req.min_idle_ms = idle
+        resp = await self._unary("XPendingExtended", req, write=False, timeout=timeout)
+        return [PendingEntry(StreamID.from_pb(e.id), e.consumer, e.idle_ms, e.delivery_count) for e in resp.entries]
+
+    async def xclaim(self, key, group, consumer, min_idle_ms, ids, *, idle=None, time=None, retrycount=None,
+                     force=False, justid=False, lastid=None, timeout=None) -> ClaimResult:
+        req = pb.XClaimRequest(key=to_bytes(key), group=to_bytes(group), consumer=to_bytes(consumer),
+                               min_idle_ms=min_idle_ms, ids=_ids(ids), force=force, just_id=justid)
+        for name, value in (("idle_ms", idle), ("time_ms", time), ("retry_count", retrycount)):
+            if value is not None:
+                setattr(req, name, value)
+        if lastid is not None:
+            req.last_id.CopyFrom(StreamID.parse(lastid).to_pb())
+        resp = await self._unary("XClaim", req, write=True, timeout=timeout)
+        return ClaimResult([entry_from_pb(e) for e in resp.entries], [StreamID.from_pb(i) for i in resp.ids])
+
+    async def xautoclaim(self, key, group, consumer, min_idle_ms, start="0-0", count=None, justid=False, *,
+                         timeout=None) -> AutoClaimResult:
+        req = pb.XAutoClaimRequest(key=to_bytes(key), group=to_bytes(group), consumer=to_bytes(consumer),
+                                   min_idle_ms=min_idle_ms, start=StreamID.parse(start).to_pb(), just_id=justid)
+        if count is not None:
+            req.count = count
+        resp = await self._unary("XAutoClaim", req, write=True, timeout=timeout)
+        return AutoClaimResult(StreamID.from_pb(resp.next_start), [entry_from_pb(e) for e in resp.entries],
+                               [StreamID.from_pb(i) for i in resp.ids],
+                               [StreamID.from_pb(i) for i in resp.deleted_ids])
+
+    async def xgroup_create(self, key, group, id="$", *, mkstream=False, entries_read=None, timeout=None) -> None:
+        req = pb.XGroupCreateRequest(key=to_bytes(key), group=to_bytes(group), start=group_start_to_pb(id),
+                                     mkstream=mkstream)
+        if entries_read is not None:
+            req.entries_read = entries_read
+        await self._unary("XGroupCreate", req, write=True, timeout=timeout)
+
+    async def xgroup_setid(self, key, group, id="$", *, entries_read=None, timeout=None) -> None:
+        req = pb.XGroupSetIdRequest(key=to_bytes(key), group=to_bytes(group), start=group_start_to_pb(id))
+        if entries_read is not None:
+            req.entries_read = entries_read
+        await self._unary("XGroupSetId", req, write=True, timeout=timeout)
+
+    async def xgroup_destroy(self, key, group, *, timeout=None) -> bool:
+        req = pb.XGroupDestroyRequest(key=to_bytes(key), group=to_bytes(group))
+        return (await self._unary("XGroupDestroy", req, write=True, timeout=timeout)).destroyed
+
+    async def xgroup_createconsumer(self, key, group, consumer, *, timeout=None) -> bool:
+        req = pb.XGroupCreateConsumerRequest(key=to_bytes(key), group=to_bytes(group), consumer=to_bytes(consumer))
+        return (await self._unary("XGroupCreateConsumer", req, write=True, timeout=timeout)).created
+
+    async def xgroup_delconsumer(self, key, group, consumer, *, timeout=None) -> int:
+        req = pb.XGroupDelConsumerRequest(key=to_bytes(key), group=to_bytes(group), consumer=to_bytes(consumer))
+        return (await self._unary("XGroupDelConsumer", req, write=True, timeout=timeout)).pending_deleted
+
+    # -- XINFO -----------------------------------------------------------------------
+
+    async def xinfo_stream(self, key, *, full=False, count=None, timeout=None):
+        req = pb.XInfoStreamRequest(key=to_bytes(key), full=full)
+        if count is not None:
+            req.count = count
+        return stream_info_from_pb(await self._unary("XInfoStream", req, write=False, timeout=timeout))
+
+    async def xinfo_groups(self, key, *, timeout=None) -> list:
+        resp = await self._unary("XInfoGroups", pb.XInfoGroupsRequest(key=to_bytes(key)), write=False,
+                                 timeout=timeout)
+        return [group_info_from_pb(g) for g in resp.groups]
+
+    async def xinfo_consumers(self, key, group, *, timeout=None) -> list:
+        resp = await self._unary("XInfoConsumers", pb.XInfoConsumersRequest(key=to_bytes(key), group=to_bytes(group)),
+                                 write=False, timeout=timeout)
+        return [ConsumerInfo(c.name, c.pending, c.idle_ms) for c in resp.consumers]
+
+    # -- lists -----------------------------------------------------------------------
+
+    async def _push(self, key, values, end, only_if_exists, timeout) -> int:
+        req = pb.ListPushRequest(key=to_bytes(key), values=[to_bytes(v) for v in values], end=end,
+                                 only_if_exists=only_if_exists)
+        return (await self._unary("ListPush", req, write=True, timeout=timeout)).length
+
+    async def lpush(self, key, *values, timeout=None) -> int:
+        return await self._push(key, values, pb.LIST_END_LEFT, False, timeout)
+
+    async def rpush(self, key, *values, timeout=None) -> int:
+        return await self._push(key, values, pb.LIST_END_RIGHT, False, timeout)
+
+    async def lpushx(self, key, *values, timeout=None) -> int:
+        return await self._push(key, values, pb.LIST_END_LEFT, True, timeout)
+
+    async def rpushx(self, key, *values, timeout=None) -> int:
+        return await self._push(key, values, pb.LIST_END_RIGHT, True, timeout)
+
+    async def _pop(self, keys, end, count, block_ms, timeout):
+        req = pb.ListPopRequest(keys=[to_bytes(k) for k in keys], end=end)
+        if count is not None:
+            req.count = count
+        if block_ms is not None:
+            req.block_ms = block_ms
+        return await self._unary("ListPop", req, write=True, timeout=_block_timeout(block_ms, timeout))
+
+    async def lpop(self, key, count=None, *, timeout=None):
+        """bytes | None without count; list (None: missing key) with it."""
+        return self._pop_result(await self._pop([key], pb.LIST_END_LEFT, count, None, timeout), count)
+
+    async def rpop(self, key, count=None, *, timeout=None):
+        return self._pop_result(await self._pop([key], pb.LIST_END_RIGHT, count, None, timeout), count)
+
+    @staticmethod
+    def _pop_result(resp, count):
+        if resp.nil:
+            return None
+        return list(resp.values) if count is not None else resp.values[0]
+
+    async def blpop(self, keys, block_ms=0, *, timeout=None):
+        """(key, value), or None when block_ms passed."""
+        resp = await self._pop(keys, pb.LIST_END_LEFT, None, block_ms, timeout)
+        return None if resp.nil else (resp.key, resp.values[0])
+
+    async def brpop(self, keys, block_ms=0, *, timeout=None):
+        resp = await self._pop(keys, pb.LIST_END_RIGHT, None, block_ms, timeout)
+        return None if resp.nil else (resp.key, resp.values[0])
+
+    async def lrange(self, key, start, stop, *, timeout=None) -> list:
+        req = pb.ListRangeRequest(key=to_bytes(key), start=start, stop=stop)
+        return list((await self._unary("ListRange", req, write=False, timeout=timeout)).values)
+
+    async def lindex(self, key, index, *, timeout=None):
+        resp = await self._unary("ListIndex", pb.ListIndexRequest(key=to_bytes(key), index=index), write=False,
+                                 timeout=timeout)
+        return resp.value if resp.HasField("value") else None
+
+    async def lset(self, key, index, value, *, timeout=None) -> None:
+        req = pb.ListSetRequest(key=to_bytes(key), index=index, value=to_bytes(value))
+        await self._unary("ListSet", req, write=True, timeout=timeout)
+
+    async def linsert(self, key, where, pivot, value, *, timeout=None) -> int:
+        before = str(where).upper() == "BEFORE"
+        if not before and str(where).upper() != "AFTER":
+            raise ValueError("where must be BEFORE or AFTER")
+        req = pb.ListInsertRequest(key=to_bytes(key), before=before, pivot=to_bytes(pivot), value=to_bytes(value))
+        return (await self._unary("ListInsert", req, write=True, timeout=timeout)).length
+
+    async def lrem(self, key, count, value, *, timeout=None) -> int:
+        req = pb.ListRemRequest(key=to_bytes(key), count=count, value=to_bytes(value))
+        return (await self._unary("ListRem", req, write=True, timeout=timeout)).removed
+
+    async def ltrim(self, key, start, stop, *, timeout=None) -> None:
+        await self._unary("ListTrim", pb.ListTrimRequest(key=to_bytes(key), start=start, stop=stop), write=True,
+                          timeout=timeout)
+
+    async def lpos(self, key, value, *, rank=None, count=None, maxlen=None, timeout=None):
+        """int | None without count; list of positions with it."""
+        req = pb.ListPosRequest(key=to_bytes(key), value=to_bytes(value))
+        for name, v in (("rank", rank), ("count", count), ("max_len", maxlen)):
+            if v is not None:
+                setattr(req, name, v)
+        resp = await self._unary("ListPos", req, write=False, timeout=timeout)
+        if count is not None:
+            return list(resp.positions)
+        return resp.positions[0] if resp.positions else None
+
+    async def lmove(self, source, destination, wherefrom="LEFT", whereto="RIGHT", *, block_ms=None, timeout=None):
+        req = pb.ListMoveRequest(source=to_bytes(source), destination=to_bytes(destination),
+                                 to=end_to_pb(whereto), **{"from": end_to_pb(wherefrom)})
+        if block_ms is not None:
+            req.block_ms = block_ms
+        resp = await self._unary("ListMove", req, write=True, timeout=_block_timeout(block_ms, timeout))
+        return resp.value if resp.HasField("value") else None
+
+    async def lmpop(self, keys, where="LEFT", count=None, *, block_ms=None, timeout=None):
+        """(key, [values]) or None."""
+        req = pb.ListMPopRequest(keys=[to_bytes(k) for k in keys], end=end_to_pb(where))
+        if count is not None:
+            req.count = count
+        if block_ms is not None:
+            req.block_ms = block_ms
+        resp = await self._unary("ListMPop", req, write=True, timeout=_block_timeout(block_ms, timeout))
+        return (resp.key, list(resp.values)) if resp.HasField("key") else None
+
+    async def llen(self, key, *, timeout=None) -> int:
+        return (await self._unary("ListLen", pb.ListLenRequest(key=to_bytes(key)), write=False,
+                                  timeout=timeout)).length
+
+    # -- anything else -------------------------------------------------------------------
+
+    async def execute(self, *argv, write=True, timeout=None):
+        """Any command as redis argv; the reply as python values (bytes, int,
+        str for a status, None, list, dict). `write=False` declares the
+        command read-only, which lets a lost connection be retried."""
+        req = pb.ExecuteRequest(argv=[to_bytes(a) for a in argv])
+        return value_from_pb((await self._unary("Execute", req, write=write, timeout=timeout)).reply)

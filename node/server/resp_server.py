@@ -1,0 +1,603 @@
+"""The RESP server: redis-cli, redis-benchmark and redis-py speak to a node here.
+
+    RespServer           listens; owns the clients, the blocked-client registry and the limits
+    Client               one connection: a RespParser, a command loop, its reply buffer
+
+Per connection, commands run one after the other in arrival order (a
+pipeline's replies come back in order because each is produced only after the
+one before it); replies produced while more commands are already buffered are
+written together. Writes from many connections still share records: the
+backend group-commits every submit made during one loop iteration.
+
+A command goes through redis 7.0's processCommand order (server.c):
+existence and arity (unknown command / wrong number of arguments, the
+connection stays), then NOAUTH while `requirepass` is set and the client has
+not authenticated, then MULTI queueing (a queue-time error flags the
+transaction, EXEC answers EXECABORT), then the cluster redirect (-MOVED to the
+leader from a follower), then execution:
+
+    server commands   AUTH HELLO CLIENT SELECT QUIT RESET MULTI EXEC DISCARD WATCH
+                      UNWATCH INFO CONFIG COMMAND CLUSTER READONLY READWRITE (here)
+    writes            fsm resolve_command -> backend.submit (one request; blocking
+                      forms through blocking.run_blocking_write)
+    reads             backend.read (XREAD BLOCK through blocking.run_blocking_read)
+    MULTI/EXEC        fsm resolve_transaction -> backend.submit: one request, atomic
+
+RESP clients carry no request ids, so requests are anonymous (client_id 0):
+recording their results in the at-most-once table would only evict the
+entries of clients that can retry (gRPC).
+
+Limits: max clients (redis's "ERR max number of clients reached", then
+close), the parser's (bulk length, argument count, query buffer), commands
+queued in MULTI, blocked clients, and the output buffer of a client that does
+not read: above the hard limit, or above the soft limit for longer than its
+seconds, the client is closed as redis's client-output-buffer-limit does.
+Reading from a client stops while its unprocessed input is large, so a fast
+writer cannot make the parser's buffer grow without bound either.
+"""
+import argparse
+import asyncio
+import hmac
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..engine.commands import lookup
+from ..engine.errors import CommandError, EngineError, not_integer, syntax_error, wrong_arity
+from ..engine.replies import OK, Status
+from ..engine.stream_args import parse_xread_args
+from ..engine.streamid import string2ll
+from ..fsm.blocking import is_blocking_form
+from ..fsm.entry import MAX_TXN_COMMANDS
+from ..fsm.errors import EXECABORT_TEXT
+from ..fsm.resolve import queue_check, resolve_command, resolve_config_set, \
+    resolve_transaction
+from .backend import BackendError, LocalBackend
+from .blocking import BlockingRegistry, WaiterClosed, run_blocking_read, run_blocking_write
+from .cluster_cmds import Verbatim, cluster_command, command_keys, encode_verbatim, redirect
+from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
+from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
+                   RespParser, RespProtocolError, encode_error, encode_reply)
+from .wire_errors import noauth_message, not_leader_message
+
+log = logging.getLogger("xraft.resp")
+
+ERR_MAX_CLIENTS = b"-ERR max number of clients reached\r\n"
+ERR_WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
+ERR_NOPASS = ("ERR AUTH <password> called without any password configured for the default user. "
+              "Are you sure your configuration is correct?")
+ERR_HELLO_NOAUTH = ("NOAUTH HELLO must be called with the client already authenticated, otherwise the "
+                    "HELLO AUTH <user> <pass> option can be used to authenticate the client and select "
+                    "the RESP protocol version at the same time")
+ERR_BAD_NAME = "ERR Client names cannot contain spaces, newlines or special characters."
+ERR_WATCH = ("ERR xraft: WATCH is not supported; MULTI/EXEC is applied atomically as one log entry "
+             "without it")
+QUEUED = Status("QUEUED")
+PONG = Status("PONG")
+
+_FLUSH_BYTES = 64 * 1024        # write accumulated pipeline replies at least this often
+_NO_AUTH = frozenset((b"auth", b"hello", b"quit", b"reset"))
+# Run at once even inside MULTI (redis: execCommand, discardCommand, multiCommand,
+# watchCommand, quitCommand, resetCommand are never queued).
+_NOT_QUEUED = frozenset((b"exec", b"discard", b"multi", b"watch", b"quit", b"reset"))
+
+
+@dataclass
+class ServerLimits:
+    max_clients: int = 10_000
+    max_blocked_clients: int = 10_000
+    proto_max_bulk_len: int = DEFAULT_PROTO_MAX_BULK_LEN
+    query_buffer_limit: int = DEFAULT_QUERY_BUFFER_LIMIT
+    max_multibulk_len: int = DEFAULT_MAX_MULTIBULK_LEN
+    max_queued_commands: int = MAX_TXN_COMMANDS
+    output_buffer_limit: int = 256 << 20          # hard: close at once
+    output_soft_limit: int = 64 << 20             # soft: close if above for soft_seconds
+    output_soft_seconds: float = 60.0
+    input_pause_bytes: int = 4 << 20              # unprocessed input above this: stop reading
+
+
+@dataclass
+class _Multi:
+    commands: list = field(default_factory=list)
+    failed: bool = False
+
+
+class Client(asyncio.Protocol):
+    def __init__(self, server: "RespServer"):
+        self.server = server
+        self.id = 0
+        self.transport = None
+        self.parser = None
+        self.addr = self.laddr = ""
+        self.name = None
+        self.proto = 2
+        self.authenticated = server.requirepass is None
+        self.multi = None               # _Multi while a MULTI is open
+        self.readonly = False           # READONLY: a follower may serve reads stale
+        self.created = time.monotonic()
+        self.last_active = self.created
+        self.last_cmd = "NULL"
+        self.closed = False
+        self._quit = False
+        self._eof = False                 # the client shut down its sending side
+        self._abandon = False             # a blocked command was dropped: close
+        self._data = asyncio.Event()
+        self._waiting = False            # the command loop waits for input
+        self._reading_paused = False
+        self._soft_since = None
+        self._task = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        server = self.server
+        server.stats_connections += 1
+        if len(server.clients) >= server.limits.max_clients:
+            server.stats_rejected += 1
+            self.closed = True
+            transport.write(ERR_MAX_CLIENTS)
+            transport.close()
+            return
+        lim = server.limits
+        self.parser = RespParser(lim.proto_max_bulk_len, lim.query_buffer_limit, lim.max_multibulk_len,
+                                 authenticated=self.authenticated)
+        self.id = server.next_client_id()
+        peer, sock = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+        self.addr = "%s:%s" % peer[:2] if peer else ""
+        self.laddr = "%s:%s" % sock[:2] if sock else ""
+        server.clients[self.id] = self
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def data_received(self, data):
+        if self.closed:
+            return
+        try:
+            self.parser.feed(data)
+        except RespProtocolError:
+            pass                          # sticky in the parser: the command loop replies and closes
+        if not self._waiting and self.parser.buffered_bytes > self.server.limits.input_pause_bytes:
+            self.transport.pause_reading()
+            self._reading_paused = True
+        self._data.set()
+
+    def eof_received(self):
+        # The client will send nothing more. As redis, run the complete
+        # commands it already sent (their replies can still be written: the
+        # socket is half-open), then close; a client blocked now is dropped.
+        self._eof = True
+        self.server.registry.fail_owner(self, WaiterClosed())
+        self._data.set()
+        return True
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self._data.set()
+        self.server.clients.pop(self.id, None)
+        self.server.registry.fail_owner(self, WaiterClosed())
+
+    # -- the command loop ---------------------------------------------------------------
+    async def _run(self):
+        out = []
+        size = 0
+        try:
+            while not self.closed:
+                try:
+                    argv = self.parser.next_command()
+                except RespProtocolError as e:
+                    if e.reply:
+                        out.append(encode_error(e.message))
+                    self._write(out)
+                    self.transport.close()
+                    return
+                if argv is None:
+                    if out:
+                        self._write(out)
+                        out, size = [], 0
+                    if self._eof:
+                        self.transport.close()
+                        return
+                    if self._reading_paused:
+                        self._reading_paused = False
+                        self.transport.resume_reading()
+                    self._waiting = True
+                    self._data.clear()
+                    await self._data.wait()
+                    self._waiting = False
+                    continue
+                if self.multi is None and is_blocking_form(argv):
+                    if self._eof:                     # it would block a client that is gone
+                        self._write(out)
+                        self.transport.close()
+                        return
+                    if out:
+                        self._write(out)              # do not hold replies while blocked
+                        out, size = [], 0
+                reply = await self.execute(argv)
+                if self.closed:
+                    return
+                if self._abandon:
+                    self._write(out)
+                    self.transport.close()
+                    return
+                out.append(reply)
+                size += len(reply)
+                if self._quit:
+                    self._write(out)
+                    self.transport.close()
+                    return
+                if size >= _FLUSH_BYTES:
+                    self._write(out)
+                    out, size = [], 0
+        except Exception:
+            log.exception("client %d: command loop failed", self.id)
+            if not self.closed:
+                self.transport.abort()
+
+    def _write(self, out):
+        if self.closed or not out:
+            return
+        self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+        pending = self.transport.get_write_buffer_size()
+        lim = self.server.limits
+        if pending > lim.output_soft_limit:
+            now = time.monotonic()
+            if self._soft_since is None:
+                self._soft_since = now
+            if pending > lim.output_buffer_limit or now - self._soft_since > lim.output_soft_seconds:
+                log.warning("client %d (%s): output buffer %d bytes over the limit: closing",
+                            self.id, self.addr, pending)
+                self.closed = True
+                self.transport.abort()
+        else:
+            self._soft_since = None
+
+    def encode(self, value) -> bytes:
+        if isinstance(value, EngineError):
+            return encode_error(value.message)
+        if type(value) is Verbatim:
+            return encode_verbatim(bytes(value), self.proto)
+        return encode_reply(value, self.proto)
+
+    async def execute(self, argv) -> bytes:
+        self.last_active = time.monotonic()
+        try:
+            # XREAD/XREADGROUP replies are engine PairMaps: encode_reply sends them as a
+            # RESP3 map (a key named twice appears twice, as in redis) and as pairs in RESP2.
+            return self.encode(await self._dispatch(argv))
+        except EngineError as e:
+            return encode_error(e.message)
+        except BackendError as e:
+            return encode_error(e.message)
+        except WaiterClosed:
+            self._abandon = True
+            return b""
+
+    # -- dispatch -------------------------------------------------------------------------
+    async def _dispatch(self, argv):
+        name = bytes(argv[0]).lower()
+        self.last_cmd = name.decode("latin-1")
+        if name in SERVER_HANDLERS:
+            arity = SERVER_COMMANDS[self.last_cmd][0]
+            if (arity > 0 and len(argv) != arity) or (arity < 0 and len(argv) < -arity):
+                return self._reject(wrong_arity(self.last_cmd))
+            if not self.authenticated and name not in _NO_AUTH:
+                return self._reject(CommandError(noauth_message()))
+            if self.multi is not None and name not in _NOT_QUEUED:
+                if name == b"config" and bytes(argv[1]).lower() == b"set":
+                    try:
+                        queue_check(argv)         # CONFIG SET's arity error is a queue-time error
+                    except EngineError as e:
+                        return self._reject(e)
+                    return self._queue(argv)
+                return self._reject(CommandError("ERR xraft: '%s' cannot be queued in MULTI" % self.last_cmd))
+            return await SERVER_HANDLERS[name](self, argv)
+        try:
+            spec = lookup(argv)
+        except EngineError as e:
+            return self._reject(e)
+        if not self.authenticated:
+            return self._reject(CommandError(noauth_message()))
+        backend = self.server.backend
+        keys = command_keys(spec, argv)
+        moved = redirect(backend, keys)
+        linearizable = True
+        if moved is not None and self.readonly and not spec.is_write:
+            moved, linearizable = None, False   # READONLY: a follower serves the read, maybe stale
+        if self.multi is not None:
+            return self._reject(CommandError(moved)) if moved else self._queue(argv)
+        if moved is not None:
+            return CommandError(moved)
+        if name == b"ping" and len(argv) <= 2:
+            return PONG if len(argv) == 1 else bytes(argv[1])
+        registry = self.server.registry
+        if spec.is_write:
+            resolved = resolve_command(0, 0, argv)
+            if resolved.plan is not None:
+                return await run_blocking_write(backend, registry, resolved, self)
+            return (await backend.submit([resolved.request]))[0]
+        if name == b"xread" and is_blocking_form(argv):
+            args = parse_xread_args(argv, False)
+            return await run_blocking_read(backend, registry, argv, list(dict.fromkeys(args.keys)),
+                                           args.timeout_ms, linearizable, self)
+        return await backend.read(argv, linearizable)
+
+    def _reject(self, err: EngineError):
+        """An error while MULTI is open also dooms the transaction (redis flagTransaction)."""
+        if self.multi is not None:
+            self.multi.failed = True
+        return err
+
+    def _queue(self, argv):
+        if len(self.multi.commands) >= self.server.limits.max_queued_commands:
+            return self._reject(CommandError("ERR xraft: too many commands queued in MULTI (limit %d)"
+                                             % self.server.limits.max_queued_commands))
+        self.multi.commands.append(tuple(bytes(a) for a in argv))
+        return QUEUED
+
+    # -- server commands -------------------------------------------------------------------
+    def _check_password(self, user: bytes, password: bytes) -> bool:
+        required = self.server.requirepass
+        if user != b"default":
+            return False
+        if required is None:
+            return True                           # the default user is "nopass"
+        return hmac.compare_digest(password, required)
+
+    def _set_authenticated(self):
+        self.authenticated = True
+        self.parser.authenticated = True
+
+    async def cmd_auth(self, argv):
+        if len(argv) > 3:
+            return syntax_error()
+        if len(argv) == 2:
+            if self.server.requirepass is None:
+                return CommandError(ERR_NOPASS)
+            user, password = b"default", bytes(argv[1])
+        else:
+            user, password = bytes(argv[1]), bytes(argv[2])
+        if not self._check_password(user, password):
+            return EngineError(ERR_WRONGPASS)
+        self._set_authenticated()
+        return OK
+
+    async def cmd_hello(self, argv):
+        ver = None
+        if len(argv) >= 2:
+            ver = string2ll(bytes(argv[1]))
+            if ver is None:
+                return CommandError("ERR Protocol version is not an integer or out of range")
+            if ver < 2 or ver > 3:
+                return EngineError("NOPROTO unsupported protocol version")
+        j = 2
+        while j < len(argv):
+            opt = bytes(argv[j]).lower()
+            more = len(argv) - 1 - j
+            if opt == b"auth" and more >= 2:
+                if not self._check_password(bytes(argv[j + 1]), bytes(argv[j + 2])):
+                    return EngineError(ERR_WRONGPASS)
+                self._set_authenticated()
+                j += 3
+            elif opt == b"setname" and more:
+                err = self._set_name(bytes(argv[j + 1]))
+                if err is not None:
+                    return err
+                j += 2
+            else:
+                return CommandError("ERR Syntax error in HELLO option '%s'"
+                                    % bytes(argv[j]).decode("utf-8", "replace"))
+        if not self.authenticated:
+            return EngineError(ERR_HELLO_NOAUTH)
+        if ver is not None:
+            self.proto = ver
+        return {b"server": b"redis", b"version": REDIS_VERSION.encode(), b"proto": self.proto,
+                b"id": self.id, b"mode": b"cluster",
+                b"role": b"master" if self.server.backend.is_leader() else b"replica",
+                b"modules": []}
+
+    def _set_name(self, name: bytes):
+        if any(c < 0x21 or c > 0x7E for c in name):
+            return CommandError(ERR_BAD_NAME)
+        self.name = name or None
+        return None
+
+    def info_line(self) -> str:
+        now = time.monotonic()
+        return ("id=%d addr=%s laddr=%s name=%s age=%d idle=%d flags=%s db=0 multi=%d "
+                "qbuf=%d obl=0 oll=0 omem=%d cmd=%s user=default resp=%d\n") % (
+            self.id, self.addr, self.laddr, (self.name or b"").decode("latin-1"),
+            now - self.created, now - self.last_active, "x" if self.multi is not None else "N",
+            len(self.multi.commands) if self.multi is not None else -1, self.parser.buffered_bytes,
+            self.transport.get_write_buffer_size() if not self.closed else 0, self.last_cmd, self.proto)
+
+    async def cmd_client(self, argv):
+        sub = bytes(argv[1]).lower()
+        n = len(argv)
+        fixed = {b"id": 2, b"getname": 2, b"setname": 3, b"info": 2}
+        if sub in fixed and n != fixed[sub]:
+            return wrong_arity("client|" + sub.decode())
+        if sub == b"id":
+            return self.id
+        if sub == b"getname":
+            return self.name
+        if sub == b"setname":
+            err = self._set_name(bytes(argv[2]))
+            return OK if err is None else err
+        if sub == b"info":
+            return Verbatim(self.info_line().encode())
+        if sub == b"list":
+            if n != 2:
+                return syntax_error()
+            return Verbatim("".join(c.info_line() for c in list(self.server.clients.values())).encode())
+        return CommandError("ERR unknown subcommand '%s'. Try CLIENT HELP."
+                            % bytes(argv[1])[:128].decode("utf-8", "replace"))
+
+    async def cmd_select(self, argv):
+        db = string2ll(bytes(argv[1]))
+        if db is None:
+            return not_integer()
+        return OK if db == 0 else CommandError("ERR DB index is out of range")
+
+    async def cmd_quit(self, argv):
+        self._quit = True
+        return OK
+
+    async def cmd_reset(self, argv):
+        self.multi = None
+        self.readonly = False
+        self.name = None
+        self.proto = 2
+        if self.server.requirepass is not None:
+            self.authenticated = False
+            self.parser.authenticated = False
+        return Status("RESET")
+
+    async def cmd_multi(self, argv):
+        if self.multi is not None:
+            return CommandError("ERR MULTI calls can not be nested")
+        self.multi = _Multi()
+        return OK
+
+    async def cmd_discard(self, argv):
+        if self.multi is None:
+            return CommandError("ERR DISCARD without MULTI")
+        self.multi = None
+        return OK
+
+    async def cmd_exec(self, argv):
+        multi, self.multi = self.multi, None
+        if multi is None:
+            return CommandError("ERR EXEC without MULTI")
+        if multi.failed:
+            return EngineError(EXECABORT_TEXT)
+        if not multi.commands:
+            return []
+        request = resolve_transaction(0, 0, multi.commands)
+        return (await self.server.backend.submit([request]))[0]
+
+    async def cmd_watch(self, argv):
+        if self.multi is not None:
+            return CommandError("ERR WATCH inside MULTI is not allowed")
+        return CommandError(ERR_WATCH)
+
+    async def cmd_unwatch(self, argv):
+        return OK                                  # nothing can be watched
+
+    async def cmd_readonly(self, argv):
+        self.readonly = True
+        return OK
+
+    async def cmd_readwrite(self, argv):
+        self.readonly = False
+        return OK
+
+    async def cmd_info(self, argv):
+        sections = [bytes(a).decode("latin-1").lower() for a in argv[1:]]
+        dbsize = await self.server.backend.read([b"DBSIZE"], False)
+        return Verbatim(info_text(self.server, sections, dbsize if isinstance(dbsize, int) else 0))
+
+    async def cmd_config(self, argv):
+        sub = bytes(argv[1]).lower()
+        if sub == b"get":
+            return config_get(self.server, argv)
+        if sub == b"set":
+            queue_check(argv)                      # arity, as redis: 'config|set'
+            request = resolve_config_set(0, 0, argv)
+            return (await self.server.backend.submit([request]))[0]
+        if sub == b"resetstat" and len(argv) == 2:
+            return OK
+        return CommandError("ERR unknown subcommand '%s'. Try CONFIG HELP."
+                            % bytes(argv[1])[:128].decode("utf-8", "replace"))
+
+    async def cmd_command(self, argv):
+        return command_command(argv)
+
+    async def cmd_cluster(self, argv):
+        return cluster_command(self.server.backend, argv, self.proto)
+
+
+SERVER_HANDLERS = {name.encode(): getattr(Client, "cmd_" + name) for name in SERVER_COMMANDS}
+
+
+class RespServer:
+    def __init__(self, backend, host: str = "127.0.0.1", port: int = 0, *, requirepass=None,
+                 limits: ServerLimits = None):
+        self.backend = backend
+        self.host = host
+        self.port = port
+        self.requirepass = requirepass.encode() if isinstance(requirepass, str) else requirepass
+        self.limits = limits or ServerLimits()
+        self.registry = BlockingRegistry(self.limits.max_blocked_clients)
+        self.clients = {}
+        self.started = time.monotonic()
+        self.stats_connections = 0
+        self.stats_rejected = 0
+        self._ids = 0
+        self._server = None
+        backend.add_ready_listener(self.registry.on_ready)
+        backend.add_role_listener(self._role_changed)
+
+    def next_client_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    async def start(self):
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: Client(self), self.host, self.port,
+                                                reuse_address=True, backlog=1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.backend.advertise(self.host, self.port)
+        return self
+
+    def _role_changed(self):
+        """Leadership moved: blocked clients on keys this node no longer serves get a
+        redirect now; a silent empty reply would read as "nothing arrived"."""
+        backend = self.backend
+
+        def error_for(w):
+            msg = redirect(backend, w.keys)
+            if msg is None and not backend.is_leader():
+                msg = not_leader_message(backend.leader_address())
+            return BackendError(msg) if msg else None
+
+        self.registry.fail_where(error_for)
+
+    async def close(self):
+        if self._server is not None:
+            self._server.close()
+        for c in list(self.clients.values()):
+            if c.transport is not None:
+                c.transport.close()
+            if c._task is not None:
+                c._task.cancel()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+def main(argv=None):
+    """Single-node dev mode: one LocalBackend, no Raft."""
+    ap = argparse.ArgumentParser(description="xraft RESP server over a local state machine (no Raft)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=6379)
+    ap.add_argument("--requirepass", default=None)
+    ap.add_argument("--maxclients", type=int, default=10_000)
+    args = ap.parse_args(argv)
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def serve():
+        server = RespServer(LocalBackend(), args.host, args.port, requirepass=args.requirepass,
+                            limits=ServerLimits(max_clients=args.maxclients))
+        await server.start()
+        log.warning("xraft RESP server (local backend) on %s:%d", args.host, server.port)
+        await asyncio.Event().wait()
+
+    logging.basicConfig(level=logging.INFO)
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
