@@ -1,0 +1,340 @@
+"""`xraft-node`: one node process (CLI in config.py).
+
+    grpc.aio server on --grpc     XRaft client API (grpc_service), Peer API (GrpcTransport),
+                                  grpc.health.v1 (SERVING while a leader is known), reflection
+    RESP server on --resp         redis clients (resp_server)
+    MultiRaft                     group 1 owns all 16384 slots; WAL + snapshots in
+                                  --data-dir/group-1; first start bootstraps --peers as voters
+
+Start-up: validate everything (config, secret, TLS files, token) before
+touching the data dir; lock the data dir (a second process on the same
+directory would corrupt the WAL) and check it belongs to this cluster and
+node id; recover the group; then open the listeners and log
+`xraft-node <id> ready grpc=<addr> resp=<addr>` at WARNING (visible at the
+default quiet level: `xraftctl local up` waits for it).
+
+Shutdown on SIGTERM/SIGINT, in an order that gives every client a true answer:
+  1. health NOT_SERVING; the backend refuses new requests (UNAVAILABLE:
+     nothing happened, retry elsewhere) and fails writes never proposed;
+  2. records already proposed get up to DRAIN_S to commit and apply, so
+     their clients get their real results;
+  3. a leader hands leadership to its most caught-up follower (the group
+     does not wait an election timeout for a new leader);
+  4. MultiRaft closes: anything still in flight fails with UNKNOWN_OUTCOME
+     (never a false failure), the WAL is synced and closed;
+  5. the listeners close, after a short grace for those replies; exit 0.
+If the group fail-stops (storage or apply error) the node runs the same
+sequence and exits 70 so a supervisor restarts it from disk.
+
+Exit codes: 0 clean stop, 2 bad configuration, 1 could not start
+(port in use, data dir locked), 70 the Raft group failed.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Optional
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from ...proto.v1 import client_pb2, client_pb2_grpc, peer_pb2
+from ..raft.types import StateRole
+from ..runtime.disk_storage import DiskStorageOptions
+from ..runtime.grpc_transport import GrpcTransport, TlsConfig, TransportError, server_options
+from ..runtime.multiraft import MultiRaft, MultiRaftOptions
+from ..runtime.peer_auth import SecretError, load_secret
+from ..runtime.raft_driver import GroupOptions
+from ..runtime.wal import FsyncPolicy, WalOptions
+from . import logging_setup
+from .backend import split_address
+from .config import ConfigError, NodeConfig, parse_args
+from .grpc_service import XRaftService
+from .raft_backend import RaftBackend
+from .resp_server import RespServer
+
+log = logging.getLogger("xraft.node")
+
+GROUP_ID = 1
+SECRET_ENV = "XRAFT_CLUSTER_SECRET"
+IDENTITY_FILE = "node.json"
+LOCK_FILE = "LOCK"
+DRAIN_S = 2.0               # step 2: in-flight proposals may still commit
+TRANSFER_WAIT_S = 1.5       # step 3: leadership hand-over
+GRACE_S = 1.0               # step 5: replies already produced reach their clients
+SHUTDOWN_LIMIT_S = 20.0     # the whole sequence; beyond it the process exits anyway
+MAX_TOKEN_BYTES = 4096
+EXIT_OK, EXIT_START, EXIT_CONFIG, EXIT_FAILED = 0, 1, 2, 70
+
+
+class StartError(Exception):
+    """The node cannot start (the message says why); exit 1."""
+
+
+def _read_token(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKEN_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read --token-file {path!r}: {exc}") from None
+    token = raw.strip().decode("utf-8", "strict") if len(raw) <= MAX_TOKEN_BYTES else ""
+    if not token:
+        raise ConfigError(f"--token-file {path!r} is empty or over {MAX_TOKEN_BYTES} bytes")
+    return token
+
+
+def _lock_data_dir(cfg: NodeConfig):
+    """Create the data dir, take its lock (held until exit), check its identity."""
+    try:
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        fd = os.open(os.path.join(cfg.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise StartError(f"cannot use data dir {cfg.data_dir!r}: {exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            raise StartError(f"data dir {cfg.data_dir!r} is in use by another process") from None
+        raise StartError(f"cannot lock data dir {cfg.data_dir!r}: {exc}") from None
+    ident_path = os.path.join(cfg.data_dir, IDENTITY_FILE)
+    want = {"cluster_id": cfg.cluster_id, "node_id": cfg.id}
+    try:
+        with open(ident_path, "rb") as f:
+            have = json.loads(f.read(64 << 10))
+    except FileNotFoundError:
+        # First start: written (and made durable) before any Raft state exists, so a
+        # directory holding Raft state always says whose it is.
+        tmp = ident_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(want, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, ident_path)
+        dfd = os.open(cfg.data_dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return fd
+    except (OSError, ValueError) as exc:
+        os.close(fd)
+        raise StartError(f"unreadable {ident_path}: {exc}") from None
+    if have != want:
+        os.close(fd)
+        raise StartError(f"data dir {cfg.data_dir!r} belongs to {have}, not {want}")
+    return fd
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: Optional[str]):
+        self.cfg = cfg
+        self.secret = secret
+        self.tls = tls
+        self.token = token
+        self.stop = asyncio.Event()
+        self.exit_code = EXIT_OK
+        self.mr: Optional[MultiRaft] = None
+        self.backend: Optional[RaftBackend] = None
+        self.server: Optional[grpc.aio.Server] = None
+        self.resp: Optional[RespServer] = None
+        self.health = health_aio.HealthServicer()
+        self._health_task: Optional[asyncio.Task] = None
+        self._serving: Optional[bool] = None
+
+    # -- start --------------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.cfg
+        peers = {nid: a for nid, a in cfg.peers.items() if nid != cfg.id}
+        transport = GrpcTransport(cfg.id, cfg.cluster_id, self.secret, cfg.grpc, peers, tls=self.tls,
+                                  advertise_address=cfg.peers[cfg.id])
+        wal = WalOptions(fsync=FsyncPolicy[cfg.fsync.upper()])
+        group = GroupOptions(election_tick=cfg.election_ticks, snapshot_entries=cfg.snapshot_entries,
+                             storage=DiskStorageOptions(wal=wal))
+        self.mr = MultiRaft(cfg.id, transport, MultiRaftOptions(tick_interval_s=cfg.tick_ms / 1000, group=group))
+        addresses = cfg.addresses()
+        # Writes wait for a proposal to apply at most this long: enough for several
+        # elections, short enough that a client hears UNKNOWN_OUTCOME and not silence.
+        election_s = cfg.election_ticks * cfg.tick_ms / 1000
+        self.backend = RaftBackend(cfg.id, addresses, propose_timeout_s=max(10.0, 4 * election_s),
+                                   read_timeout_s=max(5.0, 2 * election_s),
+                                   leader_ready_timeout_s=max(5.0, 2 * election_s),
+                                   poll_interval_s=min(0.05, cfg.tick_ms / 1000))
+        self.backend.add_failure_listener(self._on_group_failed)
+        self.backend.add_role_listener(self._update_health)
+
+        # The group first: recovery reads the whole WAL, and no listener should
+        # accept clients before the state they would read exists.
+        await self.mr.start()
+        driver = await self.mr.add_group(GROUP_ID, os.path.join(cfg.data_dir, "group-%d" % GROUP_ID),
+                                         self.backend.machine, bootstrap_voters=tuple(cfg.peers))
+        self.backend.attach(driver)
+
+        grpc_of_resp = {a.resp: a.grpc for a in addresses.values() if a.resp}
+        server = grpc.aio.server(options=server_options(transport.limits))
+        client_pb2_grpc.add_XRaftServicer_to_server(
+            XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get), server)
+        transport.add_to_server(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((
+            client_pb2.DESCRIPTOR.services_by_name["XRaft"].full_name,
+            peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME), server)
+        creds = transport.server_credentials()
+        try:
+            if creds is not None:
+                server.add_secure_port(cfg.grpc, creds)
+            else:
+                server.add_insecure_port(cfg.grpc)
+        except RuntimeError as exc:
+            raise StartError(f"cannot listen on --grpc {cfg.grpc}: {exc}") from None
+        await self._set_health(False)
+        await server.start()
+        self.server = server
+
+        host, port = split_address(cfg.resp)
+        self.resp = RespServer(self.backend, host.strip("[]"), port, requirepass=cfg.requirepass)
+        try:
+            await self.resp.start()
+        except OSError as exc:
+            raise StartError(f"cannot listen on --resp {cfg.resp}: {exc}") from None
+        self._update_health()
+        log.warning("xraft-node %d ready grpc=%s resp=%s", cfg.id, cfg.grpc, cfg.resp)
+
+    # -- health -----------------------------------------------------------------------
+    def _update_health(self) -> None:
+        serving = self.backend is not None and self.backend.leader_id() != 0 and not self.stop.is_set()
+        if serving == self._serving:
+            return
+        self._serving = serving
+        task = asyncio.get_running_loop().create_task(self._set_health(serving))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() and
+                               log.warning("health update failed: %r", t.exception()))
+
+    async def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", client_pb2.DESCRIPTOR.services_by_name["XRaft"].full_name):
+            await self.health.set(name, status)
+
+    def _on_group_failed(self, exc: BaseException) -> None:
+        log.critical("raft group %d failed (%r): shutting down for a restart from disk", GROUP_ID, exc)
+        self.exit_code = EXIT_FAILED
+        self.stop.set()
+
+    # -- stop ---------------------------------------------------------------------------
+    def request_stop(self, signame: str) -> None:
+        if self.stop.is_set():
+            log.warning("%s again: already shutting down", signame)
+            return
+        log.warning("xraft-node %d: %s, shutting down", self.cfg.id, signame)
+        self.stop.set()
+
+    async def shutdown(self) -> None:
+        """The sequence in the module doc. Safe after a partial start."""
+        self._serving = None
+        if self.server is not None:
+            await self._set_health(False)
+        b = self.backend
+        if b is not None:
+            await b.close()
+            if b.driver is not None:
+                if not await b.drain(DRAIN_S):
+                    log.warning("writes still in flight after %.1fs: they end UNKNOWN_OUTCOME", DRAIN_S)
+                await self._hand_over_leadership()
+                # Blocked clients hear about the new leader (a redirect) before we close.
+                b.refresh()
+        if self.mr is not None and self.mr.loop is not None:
+            await self.mr.close()
+        closers = []
+        if self.server is not None:
+            closers.append(self.server.stop(GRACE_S))
+        if self.resp is not None:
+            closers.append(self._close_resp())
+        await asyncio.gather(*closers, return_exceptions=True)
+
+    async def _close_resp(self) -> None:
+        # Replies produced by step 4 are still being written: give them a moment.
+        await asyncio.sleep(min(GRACE_S, 0.2))
+        await self.resp.close()
+
+    async def _hand_over_leadership(self) -> None:
+        d = self.backend.driver
+        if d.failed is not None or not d.is_leader():
+            return
+        progress = d.raft_status().progress
+        candidates = [(pr.match, nid) for nid, pr in progress.items()
+                      if nid != self.cfg.id and not pr.is_learner and pr.recent_active]
+        if not candidates:
+            return
+        _, target = max(candidates)
+        try:
+            await asyncio.wait_for(d.transfer_leader(target), TRANSFER_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - a hand-over is a courtesy; shutdown goes on
+            log.info("leadership transfer to %d not started: %r", target, exc)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TRANSFER_WAIT_S
+        while loop.time() < deadline and d.rn.raft.state == StateRole.LEADER:
+            await asyncio.sleep(0.02)
+        log.info("leadership %s to node %d", "handed" if d.rn.raft.state != StateRole.LEADER else "NOT handed",
+                 target)
+
+
+async def run(cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: Optional[str]) -> int:
+    lock_fd = _lock_data_dir(cfg)
+    node = Node(cfg, secret, tls, token)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, node.request_stop, sig.name)
+    try:
+        try:
+            await node.start()
+        except StartError:
+            await asyncio.wait_for(node.shutdown(), SHUTDOWN_LIMIT_S)
+            raise
+        await node.stop.wait()
+        try:
+            await asyncio.wait_for(node.shutdown(), SHUTDOWN_LIMIT_S)
+        except asyncio.TimeoutError:
+            log.error("shutdown took over %.0fs; exiting anyway", SHUTDOWN_LIMIT_S)
+            return EXIT_FAILED
+        return node.exit_code
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        os.close(lock_fd)
+
+
+def main(argv=None) -> int:
+    try:
+        cfg = parse_args(argv)
+        logging_setup.setup(cfg.log_level, cfg.log_json, cfg.id)
+        secret = load_secret(cfg.secret_file, env_var=SECRET_ENV)
+        tls = TlsConfig.from_files(cfg.tls_cert, cfg.tls_key, cfg.tls_ca) if cfg.tls else None
+        token = _read_token(cfg.token_file) if cfg.token_file else None
+    except (ConfigError, SecretError, TransportError) as exc:
+        print(f"xraft-node: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    import uvloop
+    try:
+        code = uvloop.run(run(cfg, secret, tls, token))
+    except StartError as exc:
+        log.error("xraft-node %d cannot start: %s", cfg.id, exc)
+        return EXIT_START
+    except KeyboardInterrupt:
+        return EXIT_OK
+    logging.shutdown()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

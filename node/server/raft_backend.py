@@ -1,0 +1,553 @@
+"""RaftBackend: the Backend protocol (backend.py) over one Raft group.
+
+    front ends (RESP, gRPC)
+        | submit(requests)            | read(argv, linearizable)
+        v                             v
+    RaftBackend --- group commit ---> GroupDriver.propose(record)      (leader only)
+        |                             GroupDriver.read_index()          (leader only)
+        |<-- apply(index, data) ----- GroupDriver (every replica, in log order)
+        v
+    FsmAdapter -> fsm.StateMachine.apply -> results to the proposer; ready keys to listeners
+
+Writes. The leader gathers every submit() made during one event-loop
+iteration into ONE record (entry.encode_record), stamped by its TimeStamper,
+and proposes it; each submit gets its own slice of the record's results once
+the entry is applied here. One submit's requests are never split (a
+MULTI/EXEC or a client's batch stays atomic). Many records can be in flight
+at once; the driver puts all proposals of an iteration into one Ready (one
+fsync).
+
+Time. A new leader must not stamp below any time already in its log, and its
+log may hold its predecessor's records, appended but not yet applied, stamped
+later than anything applied (resolve.TimeStamper). The driver has no hook for
+appended entries, so instead a new leader accepts no write until a ReadIndex
+round has completed in its term: the core answers that only once an entry of
+the leader's own term is committed, and the driver returns only once it is
+applied here. By then every predecessor record is applied, so
+StateMachine.last_now_ms is the largest time in the log below our own
+proposals, and the stamper is seeded with it (observe). Writes arriving in
+that window (one heartbeat round in practice) wait for it, bounded by
+leader_ready_timeout_s, instead of being redirected to ourselves.
+
+Reads. Linearizable: ReadIndex on the leader (the driver batches every read
+queued in one iteration into one round), then StateMachine.read. A follower
+refuses them with NotLeader. Stale reads (linearizable=False) are served from
+whatever this replica has applied, leader or not.
+
+Errors (backend.py's typed ones; the driver's are mapped, never leaked):
+    driver NotLeader        -> NotLeader(leader's RESP address)     nothing proposed
+    driver ProposalDropped  -> Unavailable(reason)                  did not and will not apply
+    driver UnknownOutcome   -> UnknownOutcome                       may or may not apply
+    driver ReadFailed       -> NotLeader if we lost leadership, else Unavailable
+
+Leadership changes are polled (every poll_interval_s, and on every call):
+the driver has no callback for them. On a change the role listeners run (the
+RESP server fails its blocked clients with a redirect), unproposed writes are
+failed with NotLeader, and the proposals already in the log are failed by the
+driver itself with UnknownOutcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Optional, Sequence
+
+from ..engine.keyspace import EngineConfig
+from ..engine.slots import SLOT_COUNT
+from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, RECORD_OVERHEAD, encode_record, request_size
+from ..fsm.resolve import TimeStamper
+from ..fsm.state_machine import StateMachine
+from ..invariant import invariant
+from ..raft.types import StateRole
+from ..runtime import raft_driver as drv
+from .backend import (Backend, NodeInfo, NotLeader, Shard, Unavailable, UnknownOutcome,
+                      cluster_node_id, split_address)
+from .config import NodeAddresses
+
+log = logging.getLogger("xraft.backend")
+
+MAX_RESTORE_WAKE = 100_000
+ROLE_NAMES = {StateRole.LEADER: "leader", StateRole.FOLLOWER: "follower",
+              StateRole.CANDIDATE: "candidate", StateRole.PRE_CANDIDATE: "candidate"}
+
+
+class FsmAdapter:
+    """The driver's StateMachine protocol over fsm.StateMachine.
+
+    Two index spaces meet here. The driver calls apply() only for NORMAL
+    entries with data, while fsm.StateMachine wants every index (skip() for
+    Raft's empty entries and conf changes): the gap before each apply is
+    skipped. Snapshots: the driver snapshots at its own applied index, which
+    may be past the fsm's last record (trailing empty entries); restore()
+    skips forward to the index the driver names.
+    """
+
+    def __init__(self, sm: StateMachine, on_applied: Callable[[frozenset], None]):
+        self.sm = sm
+        self._on_applied = on_applied
+        # Set by RaftBackend.attach(): the first restore runs in GroupDriver.open's
+        # executor thread, where no listener may be called (and none is waiting yet).
+        self.on_restored: Optional[Callable[[], None]] = None
+
+    @property
+    def applied_index(self) -> int:
+        return self.sm.applied_index
+
+    def apply(self, index: int, data: bytes):
+        sm = self.sm
+        invariant(index > sm.applied_index, "apply %d at or below applied %d" % (index, sm.applied_index))
+        while sm.applied_index < index - 1:
+            sm.skip(sm.applied_index + 1)
+        results = sm.apply(index, data)
+        ready = sm.last_ready_keys
+        if ready:
+            self._on_applied(ready)
+        return results
+
+    def snapshot(self) -> bytes:
+        return self.sm.snapshot()
+
+    def restore(self, data: bytes, index: int) -> None:
+        sm = self.sm
+        sm.restore(data)
+        invariant(sm.applied_index <= index, "snapshot data at %d is past its index %d"
+                  % (sm.applied_index, index))
+        while sm.applied_index < index:
+            sm.skip(sm.applied_index + 1)
+        if self.on_restored is not None:
+            self.on_restored()
+
+
+class RaftBackend(Backend):
+    """Backend over one GroupDriver. Build, pass `.machine` to MultiRaft.add_group,
+    then attach() the driver it returns."""
+
+    def __init__(self, raft_id: int, addresses: dict, *, config: Optional[EngineConfig] = None,
+                 clock: Optional[Callable[[], int]] = None,
+                 propose_timeout_s: float = 10.0, read_timeout_s: float = 5.0,
+                 leader_ready_timeout_s: float = 5.0, poll_interval_s: float = 0.05,
+                 max_pending_requests: int = 100_000):
+        invariant(raft_id in addresses, "this node's addresses are known")
+        self.raft_id = raft_id
+        self.addresses: dict[int, NodeAddresses] = dict(addresses)
+        self.sm = StateMachine(config)
+        self.machine = FsmAdapter(self.sm, self._on_ready_keys)
+        self.stamper = TimeStamper()
+        self.driver: Optional[drv.GroupDriver] = None
+        self._clock = clock or (lambda: time.time_ns() // 1_000_000)
+        own = self.addresses[raft_id].resp
+        self.node_id = cluster_node_id(own) if own else ""
+        self.propose_timeout_s = propose_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.leader_ready_timeout_s = leader_ready_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.max_pending_requests = max_pending_requests
+        self._ready_listeners: list = []
+        self._role_listeners: list = []
+        self._failure_listeners: list = []
+        self._pending: list = []           # (requests, size, future) gathered this iteration
+        self._scheduled = False
+        self._outstanding = 0              # requests submitted and not yet resolved (limit)
+        self._inflight: set = set()        # propose tasks
+        self._closed = False
+        self._view = (StateRole.FOLLOWER, 0, 0)   # (role, leader id, term) last observed
+        self._ready_term = 0               # term in which we may write (warm-up done); 0 = none
+        self._warming: Optional[asyncio.Task] = None
+        self._changed = asyncio.Event()    # set (and replaced) on every observed change
+        self._monitor: Optional[asyncio.Task] = None
+        self._failed_reported = False
+        # Figures for INFO: how well group commit batches.
+        self.records = 0
+        self.requests = 0
+        self.max_batch = 0
+
+    # -- life cycle ---------------------------------------------------------------------
+    def attach(self, driver: drv.GroupDriver) -> None:
+        invariant(self.driver is None, "attach() once")
+        self.driver = driver
+        self.machine.on_restored = self._on_restored
+        self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="raft-backend-watch")
+
+    def add_failure_listener(self, callback: Callable[[BaseException], None]) -> None:
+        """callback(exc) once if the group fail-stops (storage or apply error)."""
+        self._failure_listeners.append(callback)
+
+    async def close(self) -> None:
+        """Refuse new work and fail what was never proposed. Proposals already in
+        the log are resolved by MultiRaft.close() (UnknownOutcome if unapplied)."""
+        self._closed = True
+        self._fail_pending(Unavailable("shutting down"))
+        for task in (self._monitor, self._warming):
+            if task is not None:
+                task.cancel()
+        self._bump()
+
+    def refresh(self) -> None:
+        """Look at the group's role now (the watch task polls; shutdown has stopped it)."""
+        self._observe()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait (bounded) for records already proposed to resolve, so their
+        clients get definite answers before shutdown; True if all did."""
+        if not self._inflight:
+            return True
+        _, pending = await asyncio.wait(set(self._inflight), timeout=timeout_s)
+        return not pending
+
+    # -- the core's view (fields only: safe while the group's storage is busy) ----------
+    def _core(self):
+        return self.driver.rn.raft if self.driver is not None else None
+
+    def _raw_view(self):
+        r = self._core()
+        if r is None:
+            return StateRole.FOLLOWER, 0, 0
+        return r.state, r.lead, r.term
+
+    def _writable(self) -> bool:
+        r = self._core()
+        return (r is not None and not self._closed and self.driver.failed is None
+                and r.state == StateRole.LEADER and r.term == self._ready_term)
+
+    # -- leadership watch --------------------------------------------------------------
+    async def _watch(self) -> None:
+        try:
+            while not self._closed:
+                try:
+                    self._observe()
+                except Exception:
+                    # A listener's bug must not stop the watch: role changes would go unseen.
+                    log.exception("leadership watch")
+                await asyncio.sleep(self.poll_interval_s)
+        except asyncio.CancelledError:
+            pass
+
+    def _observe(self) -> None:
+        d = self.driver
+        if d is None:
+            return
+        if d.failed is not None and not self._failed_reported:
+            self._failed_reported = True
+            self._ready_term = 0
+            self._fail_pending(Unavailable("raft group failed"))
+            for cb in list(self._failure_listeners):
+                try:
+                    cb(d.failed)
+                except Exception:
+                    log.exception("failure listener failed")
+        view = self._raw_view()
+        if view == self._view:
+            return
+        old, self._view = self._view, view
+        role, lead, term = view
+        log.info("raft role %s leader %d term %d", ROLE_NAMES.get(role, role), lead, term)
+        if role == StateRole.LEADER and (old[0] != StateRole.LEADER or old[2] != term):
+            self._ready_term = 0
+            if self._warming is not None:
+                self._warming.cancel()
+            self._warming = asyncio.get_running_loop().create_task(self._warm_up(term))
+        if role != StateRole.LEADER:
+            self._ready_term = 0
+            self._fail_pending(self._not_leader(lead))
+        self._bump()
+        if (old[0] == StateRole.LEADER) != (role == StateRole.LEADER) or old[1] != lead:
+            self._notify_role()
+
+    async def _warm_up(self, term: int) -> None:
+        """See the module doc ("Time"): no write before our term's first commit is applied."""
+        while not self._closed:
+            r = self._core()
+            if r.state != StateRole.LEADER or r.term != term or self.driver.failed is not None:
+                return
+            try:
+                await self.driver.read_index(timeout=self.leader_ready_timeout_s)
+            except drv.DriverError as exc:
+                log.info("leader warm-up in term %d: %s; retrying", term, exc)
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            r = self._core()
+            if r.state == StateRole.LEADER and r.term == term:
+                self.stamper.observe(self.sm.last_now_ms)
+                self._ready_term = term
+                self._bump()
+                self._notify_role()
+            return
+
+    def _bump(self) -> None:
+        ev, self._changed = self._changed, asyncio.Event()
+        ev.set()
+
+    def _notify_role(self) -> None:
+        for cb in list(self._role_listeners):
+            try:
+                cb()
+            except Exception:
+                log.exception("role listener failed")
+
+    def _on_ready_keys(self, keys: frozenset) -> None:
+        # Called from inside the driver's apply: an exception escaping here would
+        # fail-stop the group, so a listener's bug is logged, never raised.
+        for cb in list(self._ready_listeners):
+            try:
+                cb(keys)
+            except Exception:
+                log.exception("ready listener failed")
+
+    def _on_restored(self) -> None:
+        """A snapshot replaced the whole state (a follower far behind): any key may
+        have changed, so blocked readers (READONLY XREAD BLOCK) look again. Bounded:
+        beyond MAX_RESTORE_WAKE keys they wait for the next write to their key."""
+        keys = self.sm.keyspace.data
+        if keys and len(keys) <= MAX_RESTORE_WAKE:
+            self._on_ready_keys(frozenset(keys))
+
+    # -- addresses ------------------------------------------------------------------------
+    def _resp_of(self, raft_id: int) -> Optional[str]:
+        a = self.addresses.get(raft_id)
+        return a.resp if a is not None else None
+
+    def _grpc_of(self, raft_id: int) -> Optional[str]:
+        a = self.addresses.get(raft_id)
+        return a.grpc if a is not None else None
+
+    def leader_id(self) -> int:
+        return self._raw_view()[1]
+
+    def leader_grpc_address(self) -> Optional[str]:
+        """The leader's gRPC address (for the gRPC front end's redirects)."""
+        lead = self.leader_id()
+        return self._grpc_of(lead) if lead else None
+
+    def _not_leader(self, lead: Optional[int] = None) -> NotLeader:
+        lead = self.leader_id() if lead is None else lead
+        exc = NotLeader(self._resp_of(lead) if lead else None)
+        exc.grpc_address = self._grpc_of(lead) if lead else None
+        exc.leader_id = lead
+        return exc
+
+    # -- Backend: listeners, role, routing ----------------------------------------------
+    def add_ready_listener(self, callback) -> None:
+        self._ready_listeners.append(callback)
+
+    def add_role_listener(self, callback) -> None:
+        self._role_listeners.append(callback)
+
+    def now_ms(self) -> int:
+        return self._clock()
+
+    def is_leader(self) -> bool:
+        r = self._core()
+        return r is not None and r.state == StateRole.LEADER and self.driver.failed is None
+
+    def leader_address(self) -> Optional[str]:
+        lead = self.leader_id()
+        return self._resp_of(lead) if lead else None
+
+    def redirect_for(self, slot: int) -> Optional[str]:
+        if self.is_leader():
+            return None                   # serve here (a write may wait for the warm-up)
+        return self.leader_address() or ""
+
+    def advertise(self, host: str, port: int) -> None:
+        a = self.addresses[self.raft_id]
+        if a.resp is None:
+            resp = "%s:%d" % (host, port)
+            self.addresses[self.raft_id] = NodeAddresses(a.grpc, resp)
+            self.node_id = cluster_node_id(resp)
+
+    def shards(self) -> list:
+        lead = self.leader_id()
+        leader_resp = self._resp_of(lead) if lead else None
+        if not leader_resp:
+            return []                     # no leader known: no slot is served
+        d = self.driver
+        progress = d.raft_status().progress if self.is_leader() else {}
+        voters = sorted(set(d.conf_state.voters) | {lead})
+        nodes = []
+        for nid in [lead] + [v for v in voters if v != lead]:
+            resp = self._resp_of(nid)
+            if not resp:
+                continue
+            host, port = split_address(resp)
+            pr = progress.get(nid)
+            if nid == self.raft_id:
+                offset, healthy = self.sm.applied_index, True
+            elif pr is not None:
+                offset, healthy = pr.match, pr.recent_active
+            else:
+                offset, healthy = 0, True
+            nodes.append(NodeInfo(cluster_node_id(resp), host, port, "master" if nid == lead else "slave",
+                                  myself=nid == self.raft_id, healthy=healthy, replication_offset=offset))
+        return [Shard(((0, SLOT_COUNT - 1),), tuple(nodes))]
+
+    def raft_info(self) -> dict:
+        d = self.driver
+        if d is None:
+            return {"raft_node_id": self.raft_id, "raft_role": "follower", "raft_leader_id": 0,
+                    "raft_term": 0, "raft_commit_index": 0, "raft_applied_index": 0}
+        st = d.status()
+        return {
+            "raft_node_id": self.raft_id,
+            "raft_group_id": st.group_id,
+            "raft_role": ROLE_NAMES.get(st.role, "follower"),
+            "raft_leader_id": st.leader_id,
+            "raft_leader": self._resp_of(st.leader_id) or "" if st.leader_id else "",
+            "raft_leader_grpc": self._grpc_of(st.leader_id) or "" if st.leader_id else "",
+            "raft_term": st.term,
+            "raft_commit_index": st.commit,
+            "raft_applied_index": st.applied,
+            "raft_snapshot_index": st.snapshot_index,
+            "raft_last_index": st.last_index,
+            "raft_voters": ",".join(str(v) for v in st.conf_state.voters),
+            "raft_writable": int(self._writable()),
+            "raft_inflight_proposals": st.inflight_proposals,
+            "raft_records": self.records,
+            "raft_requests": self.requests,
+            "raft_max_batch": self.max_batch,
+            "raft_syncs": d.stats.syncs,
+            "raft_snapshots_created": d.stats.snapshots_created,
+            "raft_snapshots_installed": d.stats.snapshots_installed,
+            "raft_failed": st.failed or "",
+        }
+
+    def engine_config(self) -> EngineConfig:
+        return self.sm.keyspace.config
+
+    # -- reads -----------------------------------------------------------------------------
+    async def read(self, argv, linearizable: bool = True):
+        self._check_open()
+        self._observe()
+        if linearizable:
+            if not self.is_leader():
+                raise self._not_leader()
+            try:
+                await self.driver.read_index(timeout=self.read_timeout_s)
+            except drv.NotLeader as exc:
+                raise self._not_leader(exc.leader_id) from None
+            except (drv.ReadFailed, drv.ProposalDropped) as exc:
+                if not self.is_leader():
+                    raise self._not_leader() from None
+                raise Unavailable("read not confirmed: %s" % getattr(exc, "reason", exc)) from None
+        return self.sm.read(argv, self.now_ms())
+
+    # -- writes ----------------------------------------------------------------------------
+    async def submit(self, requests: Sequence) -> list:
+        requests = tuple(requests)
+        if not requests:
+            return []
+        self._check_open()
+        self._observe()
+        size = sum(request_size(r) for r in requests)     # EntryTooLarge for one oversized request
+        if len(requests) > MAX_REQUESTS or size + RECORD_OVERHEAD > MAX_RECORD_BYTES:
+            raise Unavailable("batch larger than one record")
+        await self._wait_writable()
+        if self._outstanding + len(requests) > self.max_pending_requests:
+            raise Unavailable("too many writes in flight (%d)" % self._outstanding)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._pending.append((requests, size, fut))
+        self._outstanding += len(requests)
+        fut.add_done_callback(lambda _f, n=len(requests): self._release(n))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _release(self, n: int) -> None:
+        self._outstanding -= n
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("shutting down")
+        if self.driver is None:
+            raise Unavailable("starting")
+        if self.driver.failed is not None:
+            raise Unavailable("raft group failed")
+
+    async def _wait_writable(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.leader_ready_timeout_s
+        while not self._writable():
+            self._check_open()
+            if not self.is_leader():
+                raise self._not_leader()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Unavailable("leader not ready (its first commit is not applied yet)")
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(remaining, self.poll_interval_s))
+            except asyncio.TimeoutError:
+                self._observe()
+
+    def _flush(self) -> None:
+        """Everything gathered since the last flush, as few records as fit."""
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        pending = [p for p in pending if not p[2].done()]
+        if not pending:
+            return
+        if not self._writable():
+            # Lost leadership between submit() and now: nothing was proposed.
+            exc = Unavailable("shutting down") if self._closed else self._not_leader()
+            for _, _, fut in pending:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        i = 0
+        while i < len(pending):
+            j, n, size = i, 0, RECORD_OVERHEAD
+            while j < len(pending) and (j == i or (n + len(pending[j][0]) <= MAX_REQUESTS
+                                                   and size + pending[j][1] <= MAX_RECORD_BYTES)):
+                n += len(pending[j][0])
+                size += pending[j][1]
+                j += 1
+            self._propose_group(pending[i:j])
+            i = j
+
+    def _propose_group(self, group) -> None:
+        requests = [r for reqs, _, _ in group for r in reqs]
+        # Stamped now, in flush order; the tasks start in creation order, so the
+        # driver's queue (and the log) gets records in stamp order.
+        data = encode_record(self.stamper.stamp(self.now_ms()), requests)
+        self.records += 1
+        self.requests += len(requests)
+        self.max_batch = max(self.max_batch, len(requests))
+        task = asyncio.get_running_loop().create_task(self._propose(data, group))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _propose(self, data: bytes, group) -> None:
+        try:
+            results = await self.driver.propose(data, timeout=self.propose_timeout_s)
+        except drv.NotLeader as exc:
+            self._fail_group(group, self._not_leader(exc.leader_id))
+        except drv.ProposalDropped as exc:
+            self._fail_group(group, Unavailable("shutting down" if self._closed else
+                                                "write not proposed: %s" % exc.reason))
+        except drv.UnknownOutcome:
+            self._fail_group(group, UnknownOutcome())
+        except asyncio.CancelledError:
+            self._fail_group(group, UnknownOutcome())
+            raise
+        except Exception:
+            log.exception("proposal failed unexpectedly")
+            self._fail_group(group, UnknownOutcome())
+        else:
+            invariant(isinstance(results, list) and len(results) == sum(len(g[0]) for g in group),
+                      "one result per request of the record")
+            k = 0
+            for reqs, _, fut in group:
+                if not fut.done():
+                    fut.set_result(results[k:k + len(reqs)])
+                k += len(reqs)
+
+    @staticmethod
+    def _fail_group(group, exc) -> None:
+        for _, _, fut in group:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _fail_pending(self, exc) -> None:
+        pending, self._pending = self._pending, []
+        self._fail_group(pending, exc)
