@@ -725,7 +725,9 @@ def test_three_multiraft_nodes_elect_and_replicate_over_grpc(run, tmp_path):
 # ------------------------------------------------------------------ throughput (one link)
 
 
-def test_one_link_throughput(run):
+def test_one_link_delivers_everything_under_load(run):
+    """Every message of a sustained burst arrives (the figures printed are informative only:
+    speed is never asserted in tests)."""
     async def measure(t1, rec2, make_batch, seconds):
         before, env0 = len(rec2.messages()), t1.stats.links[2].envelopes_written
         sent = msgs = 0
@@ -761,7 +763,6 @@ def test_one_link_throughput(run):
                   f"1-heartbeat batches {b1:,.0f}/s = {m1:,.0f} msgs/s in {e1:,.0f} envelopes/s; "
                   f"64 x MsgApp(128 B) batches {b64:,.0f}/s = {m64:,.0f} msgs/s in {e64:,.0f} envelopes/s; "
                   f"one batch at a time: {lat * 1e6:,.0f} us send-to-deliver ({1 / lat:,.0f} batches/s)")
-            assert b1 > 500 and m64 > 5000 and lat < 0.05  # far below what it does; catches a stall
         finally:
             await close_all(ts)
     run(main())

@@ -1,5 +1,4 @@
-"""RespParser: every branch, chunking invariance, limits, and throughput."""
-import time
+"""RespParser: every branch, chunking invariance and limits (speed: bench/resp.py)."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -314,20 +313,15 @@ def test_garbage_only_protocol_errors_and_split_invariant(data, splits):
     assert parse_splits(data, range(len(data))) == whole
 
 
-def test_parse_throughput():
-    """Pipelined small commands must parse at several hundred thousand per second (CPU time)."""
-    data = encode_command([b"XADD", b"stream:1", b"*", b"field", b"value"]) * 50000
-    best = 0.0
-    for _ in range(3):
-        p = RespParser()
-        t0 = time.thread_time()
-        n = 0
-        for i in range(0, len(data), 65536):
-            p.feed(data[i:i + 65536])
-            while p.next_command() is not None:
-                n += 1
-        dt = max(time.thread_time() - t0, 1e-9)
-        best = max(best, n / dt)
-    assert n == 50000
-    print(f"\nparse throughput: {best:,.0f} XADD commands/s")
-    assert best > 150_000
+def test_large_pipelined_burst_in_64k_reads():
+    """50,000 pipelined commands fed in 64 KiB reads (commands cut across reads) all come out
+    whole and in order. (Speed is measured by bench/resp.py, not asserted here.)"""
+    cmds = [[b"XADD", b"stream:%d" % (i % 7), b"*", b"field", b"value%d" % i] for i in range(50000)]
+    data = b"".join(encode_command(c) for c in cmds)
+    p = RespParser()
+    out = []
+    for i in range(0, len(data), 65536):
+        p.feed(data[i:i + 65536])
+        while (cmd := p.next_command()) is not None:
+            out.append(cmd)
+    assert out == cmds
