@@ -20,6 +20,8 @@ import time
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 TICK_MS = 50
 ELECTION_TICKS = 10
@@ -120,12 +122,16 @@ class Node:
     def client(self, **kw) -> redis.Redis:
         host, port = self.resp.rsplit(":", 1)
         kw.setdefault("socket_timeout", 5)
+        # No blind retries: redis-py would re-send a write whose outcome is unknown (a
+        # duplicate XADD) and spend 10+ s retrying against a paused node.
+        kw.setdefault("retry", Retry(NoBackoff(), 0))
         return redis.Redis(host=host, port=int(port), **kw)
 
     def raft_info(self):
         """INFO raft as a dict, or None if the node does not answer."""
         try:
-            with self.client(socket_timeout=1, socket_connect_timeout=1) as r:
+            # INFO is idempotent: a couple of quick retries ride out a busy moment
+            with self.client(socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 2)) as r:
                 return r.info("raft")
         except (redis.ConnectionError, redis.TimeoutError):
             return None
