@@ -631,22 +631,15 @@ class RaxIterator:
 
     def next(self) -> bool:
         """Advance to the next key (see the class docstring)."""
-        state = self._state
-        if state == _EOF:
-            return False
-        self._check_fresh()
-        if state == _JUST_SEEKED:
-            self._state = _READY
-            return True
-        if self._step_next():
-            self.key = bytes(self._buf)
-            self.data = self._node.value
-            return True
-        self._state = _EOF
-        return False
+        return self._step(self._step_next)
 
     def prev(self) -> bool:
         """Step back to the previous key (see the class docstring)."""
+        return self._step(self._up_prev)
+
+    def _step(self, move) -> bool:
+        # After a seek the sought element is yielded first (rax.c semantics); then `move`
+        # walks the tree one key forward or back, or the iterator reaches EOF.
         state = self._state
         if state == _EOF:
             return False
@@ -654,7 +647,7 @@ class RaxIterator:
         if state == _JUST_SEEKED:
             self._state = _READY
             return True
-        if self._up_prev():
+        if move():
             self.key = bytes(self._buf)
             self.data = self._node.value
             return True
