@@ -52,8 +52,15 @@ as a full queue. The node's own server must allow those pings and set the
 receive limit: build it with server_options() (or use serve() in tests).
 
 TLS: TlsConfig gives standard grpc ssl credentials (server cert/key, the CA
-that signs peers, client certificates required); the HMAC handshake runs
-inside it all the same.
+that signs peers); the HMAC handshake runs inside it all the same. Client
+certificates are required by default (mutual TLS). A node that serves its
+client API on the same port turns that off (require_client_cert=False), so
+SDK clients need only the CA: one gRPC port cannot ask some callers for a
+certificate and not others. Trade-off: dialling peers still present their
+certificate, but the server no longer asks for it, so a peer is authenticated
+by the HMAC Hello alone (which already refuses anything without the secret)
+instead of by both; the link stays encrypted and the dialler still verifies
+the acceptor's certificate against the CA.
 """
 from __future__ import annotations
 
@@ -106,19 +113,25 @@ class TlsConfig:
     # Name checked in the peers' certificates instead of the dialled host (a cluster-wide
     # name in every node's certificate, when they are dialled by IP).
     server_name: Optional[str] = None
+    # Mutual TLS on our server port. False: callers need only the CA (module doc: trade-off).
+    require_client_cert: bool = True
 
     @classmethod
     def from_files(cls, cert_file: str, key_file: str, ca_file: str,
-                   server_name: Optional[str] = None) -> "TlsConfig":
+                   server_name: Optional[str] = None, require_client_cert: bool = True) -> "TlsConfig":
         def read(p: str) -> bytes:
             try:
                 with open(p, "rb") as f:
                     return f.read()
             except OSError as exc:
                 raise TransportError(f"cannot read TLS file {p!r}: {exc}") from exc
-        return cls(read(cert_file), read(key_file), read(ca_file), server_name)
+        return cls(read(cert_file), read(key_file), read(ca_file), server_name, require_client_cert)
 
     def server_credentials(self) -> grpc.ServerCredentials:
+        if not self.require_client_cert:
+            # grpc then does not even request a client certificate (no root certificates
+            # needed): TLS for confidentiality and server identity only.
+            return grpc.ssl_server_credentials([(self.private_key, self.cert_chain)])
         return grpc.ssl_server_credentials([(self.private_key, self.cert_chain)],
                                            root_certificates=self.ca_certs, require_client_auth=True)
 

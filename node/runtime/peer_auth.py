@@ -49,7 +49,10 @@ log = logging.getLogger("xraft.peer_auth")
 
 PROTOCOL_VERSION = 1
 DOMAIN = b"xraft-peer-v1\x00"
-DEFAULT_SECRET_ENV = "XRAFT_PEER_SECRET"
+DEFAULT_SECRET_ENV = "XRAFT_CLUSTER_SECRET"  # the name xraft-node's CLI documents
+# The name this module used first. Still read (with a warning) when DEFAULT_SECRET_ENV is
+# unset, so a deployment that exported it keeps starting; drop it in a later release.
+DEPRECATED_SECRET_ENV = "XRAFT_PEER_SECRET"
 MIN_SECRET_BYTES = 16  # below this an offline guess of the secret from one captured Hello gets cheap
 MAX_SECRET_BYTES = 4096
 MAX_CLUSTER_ID_BYTES = 128
@@ -98,7 +101,8 @@ class HelloRefused(PeerAuthError):
 def load_secret(path: Optional[str] = None, env_var: str = DEFAULT_SECRET_ENV,
                 environ: Optional[dict] = None) -> bytes:
     """The cluster's shared secret: the contents of `path` if given, else the
-    environment variable `env_var`. Surrounding whitespace (a trailing newline
+    environment variable `env_var` (for the default name, the deprecated
+    $XRAFT_PEER_SECRET when it is unset, with a warning). Surrounding whitespace (a trailing newline
     from `echo > file`) is stripped. Raises SecretError when neither source
     yields at least MIN_SECRET_BYTES bytes; a node must not start without one,
     which is what keeps a misconfigured node from joining unauthenticated.
@@ -117,6 +121,12 @@ def load_secret(path: Optional[str] = None, env_var: str = DEFAULT_SECRET_ENV,
     else:
         env = os.environ if environ is None else environ
         value = env.get(env_var)
+        if value is None and env_var == DEFAULT_SECRET_ENV:
+            value = env.get(DEPRECATED_SECRET_ENV)
+            if value is not None:
+                log.warning("the peer secret comes from $%s, which is deprecated: set $%s instead",
+                            DEPRECATED_SECRET_ENV, DEFAULT_SECRET_ENV)
+                env_var = DEPRECATED_SECRET_ENV
         if value is None:
             raise SecretError(f"no peer secret: set ${env_var} or give a secret file")
         raw = value.encode() if isinstance(value, str) else bytes(value)

@@ -221,6 +221,18 @@ class DriverStatus:
     conf_state: ConfState
 
 
+@dataclass(frozen=True)
+class SoftStateChange:
+    """What GroupDriver.on_change is told: this replica's role, leader or term moved,
+    it fail-stopped, or (as leader) it appended `appended` entries ending at `last_index`."""
+    role: StateRole
+    leader_id: int
+    term: int
+    appended: int  # entries proposed into the log by this leader since the last report
+    last_index: int  # the log's last index (the leader's: where the appended entries end)
+    failed: bool
+
+
 # ---------------------------------------------------------------- internals
 
 _QUEUED, _PROPOSED = 0, 1
@@ -308,6 +320,11 @@ class GroupDriver:
         self._ctx_prefix = os.urandom(8)  # read contexts never collide with a previous incarnation's
         self._unsynced_commit_saves = 0
         self._log_bounds = (storage.first_index(), storage.last_index())  # as of the last storage job
+        # on_change(SoftStateChange), loop thread, from inside pump(): must be quick and must not
+        # call back into the driver's core. Set by the owner (RaftBackend) after open().
+        self.on_change: Optional[Callable[[SoftStateChange], None]] = None
+        self._reported = (StateRole.FOLLOWER, NONE, 0, False)  # (role, lead, term, failed) last told
+        self._reported_proposals = 0
 
     @classmethod
     def open(cls, group_id: int, node_id: int, data_dir: str, sm: StateMachine, options: GroupOptions,
@@ -462,6 +479,29 @@ class GroupDriver:
                 self._handle_ready(rn.ready())
         except Exception as exc:
             self.fail_stop(exc)
+        # Every role, leader or term change happens in step()/tick()/actions above, so
+        # one look here sees them all (fail_stop() reports on its own).
+        self._report()
+
+    def _report(self) -> None:
+        """Call on_change if the soft state moved or this leader appended entries."""
+        cb = self.on_change
+        if cb is None:
+            return
+        r = self.rn.raft
+        now = (r.state, r.lead, r.term, self.failed is not None)
+        appended = self.stats.proposals - self._reported_proposals
+        if now == self._reported and not appended:
+            return
+        self._reported, self._reported_proposals = now, self.stats.proposals
+        # Storage may be in the executor (a Ready was just handed off): the unstable tail or
+        # the bounds of its last job, never the storage itself.
+        last = r.raft_log.unstable.maybe_last_index()
+        try:
+            cb(SoftStateChange(r.state, r.lead, r.term, appended,
+                               self._log_bounds[1] if last is None else last, now[3]))
+        except Exception:  # the owner's bug must not fail-stop the group
+            log.exception("group %d node %d: on_change callback failed", self.group_id, self.node_id)
 
     async def _run_action(self, fn: Callable[[], None]) -> None:
         self._check_usable()
@@ -778,6 +818,7 @@ class GroupDriver:
                       exc_info=exc)
             self.failed = exc
         self.fail_outstanding(f"group failed: {exc!r}")
+        self._report()
 
     def fail_outstanding(self, reason: str) -> None:
         """Resolve every caller: queued -> ProposalDropped, in the log -> UnknownOutcome."""

@@ -6,7 +6,7 @@
                [--secret-file F]                        else $XRAFT_CLUSTER_SECRET; no secret, no start
                [--config node.toml]                     same keys as the flags; flags override
                [--fsync always|batch|never] [--requirepass P] [--token-file F]
-               [--tls-cert F --tls-key F --tls-ca F]
+               [--tls-cert F --tls-key F --tls-ca F [--tls-require-client-cert]]
                [--tick-ms 100] [--election-ticks 10] [--snapshot-entries 10000]
                [--log-level warning] [--log-json]
 
@@ -17,6 +17,12 @@ form or a table (`[peers]` with `1 = "127.0.0.1:7001"`).
 Precedence: built-in defaults < TOML < flags. Everything is validated here,
 before a single file is opened, so a typo is one clear line on stderr and
 exit status 2 instead of a half-started node.
+
+TLS: one port serves the client API and the peers, so by default callers need
+only the CA (SDK clients have no certificate) and peers are authenticated by
+the HMAC Hello of the shared secret; --tls-require-client-cert makes the port
+mutual TLS (every SDK client then needs a CA-signed certificate too). See
+grpc_transport's module doc for the trade-off.
 """
 from __future__ import annotations
 
@@ -59,6 +65,7 @@ class NodeConfig:
     tls_cert: Optional[str] = None
     tls_key: Optional[str] = None
     tls_ca: Optional[str] = None
+    tls_require_client_cert: bool = False      # mutual TLS on the shared gRPC port (module doc)
     tick_ms: int = 100
     election_ticks: int = 10
     snapshot_entries: int = 10_000
@@ -106,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="FILE")
     p.add_argument("--tls-key", metavar="FILE")
     p.add_argument("--tls-ca", metavar="FILE")
+    p.add_argument("--tls-require-client-cert", action="store_true", default=None,
+                   help="mutual TLS: every gRPC caller (SDK clients too) needs a certificate "
+                        "signed by --tls-ca (default: only the CA is needed; peers are "
+                        "authenticated by the shared secret)")
     p.add_argument("--tick-ms", type=int, help="Raft tick interval (default 100)")
     p.add_argument("--election-ticks", type=int, help="ticks without a leader before an election (default 10)")
     p.add_argument("--snapshot-entries", type=int, help="applied entries between snapshots (default 10000)")
@@ -180,6 +191,10 @@ def build(values: dict) -> NodeConfig:
     tls = [v.get(k) for k in ("tls_cert", "tls_key", "tls_ca")]
     if any(tls) and not all(tls):
         raise ConfigError("--tls-cert, --tls-key and --tls-ca go together")
+    if not isinstance(v["tls_require_client_cert"], bool):
+        raise ConfigError("--tls-require-client-cert is a flag (true/false in TOML)")
+    if v["tls_require_client_cert"] and not all(tls):
+        raise ConfigError("--tls-require-client-cert needs --tls-cert, --tls-key and --tls-ca")
     for k in ("secret_file", "requirepass", "token_file", "tls_cert", "tls_key", "tls_ca"):
         if v.get(k) is not None:
             v[k] = str(v[k])

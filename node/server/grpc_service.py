@@ -24,6 +24,13 @@ backend.submit and then failed in an unforeseen way is UNKNOWN_OUTCOME,
 never a plain failure: it may have been applied. (Bugs before proposing are
 INTERNAL, a row the table does not have: it is not a redis error.)
 
+Execute also answers the server-level commands an operator's script sends
+(they are not engine commands, so they would otherwise fail or cost a
+ReadIndex round): PING [msg] answered here, INFO [section ...] built by
+info.py exactly as the RESP server builds it (the node passes its RespServer
+as `info_server`, so the numbers are the same; INFO raft is backend.raft_info()),
+CLUSTER SLOTS/SHARDS/NODES/INFO/MYID/KEYSLOT (cluster_cmds) and COMMAND.
+
 Deadlines: the gRPC deadline, or options.deadline_hint_ms when shorter.
 Nothing is proposed after it passed (TIMEOUT); a write still waiting for its
 result when it passes is UNKNOWN_OUTCOME; a blocking form is cut to it and
@@ -33,6 +40,8 @@ import asyncio
 import dataclasses
 import hmac
 import re
+import time
+import types
 
 import grpc
 from google.protobuf import any_pb2
@@ -45,7 +54,7 @@ from grpc_status import rpc_status
 from xraft.proto.v1 import client_pb2 as pb
 from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 
-from ..engine.errors import EngineError
+from ..engine.errors import EngineError, wrong_arity
 from ..engine.replies import NULL_ARRAY
 from ..engine.stream_args import parse_xread_args
 from ..fsm.blocking import is_blocking_form
@@ -54,6 +63,8 @@ from ..fsm.resolve import Resolved, queue_check, resolve_command, resolve_transa
 from . import grpc_convert as cv
 from .backend import BackendError, NotLeader, UnknownOutcome
 from .blocking import BlockingRegistry, run_blocking_read, run_blocking_write
+from .cluster_cmds import cluster_command
+from .info import SERVER_COMMANDS, command_command, info_text
 from .wire_errors import noauth_message, timeout_message, unknown_outcome_message, wire_for_message
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["XRaft"].full_name
@@ -80,6 +91,20 @@ class Timeout(BackendError):
 class Unauthenticated(BackendError):
     def __init__(self):
         super().__init__(noauth_message())
+
+
+class _InfoView:
+    """What info.info_text reads from a server, for a service with no RESP server
+    beside it (tests, tools): this service's own blocked calls, no connections."""
+
+    def __init__(self, backend, registry: BlockingRegistry):
+        self.backend = backend
+        self.registry = registry
+        self.clients = {}
+        self.limits = types.SimpleNamespace(max_clients=MAX_CONCURRENT_RPCS)
+        self.port = 0
+        self.started = time.monotonic()
+        self.stats_connections = self.stats_rejected = 0
 
 
 class _Call:
@@ -111,9 +136,10 @@ def _opt(msg, name):
 
 class XRaftService(pb_grpc.XRaftServicer):
     def __init__(self, backend, *, registry: BlockingRegistry | None = None, token: str | None = None,
-                 grpc_address_of=None):
+                 grpc_address_of=None, info_server=None):
         """`grpc_address_of(addr)`: the gRPC address of the node whose RESP
-        address the backend names as leader (identity by default)."""
+        address the backend names as leader (identity by default).
+        `info_server`: the node's RespServer, whose figures INFO reports."""
         self.backend = backend
         self._token = token
         self._grpc_address_of = grpc_address_of or (lambda a: a)
@@ -121,6 +147,7 @@ class XRaftService(pb_grpc.XRaftServicer):
             registry = BlockingRegistry()
             backend.add_ready_listener(registry.on_ready)
         self.registry = registry
+        self.info_server = info_server or _InfoView(backend, registry)
         backend.add_role_listener(self._on_role_change)
 
     # -- plumbing -----------------------------------------------------------------------
@@ -239,6 +266,9 @@ class XRaftService(pb_grpc.XRaftServicer):
                                            call.block_ms(timeout_ms), call.linearizable, call))
 
     async def _execute(self, call: _Call, argv):
+        name = bytes(argv[0]).lower()
+        if name in _SERVER_EXECUTE:
+            return await _SERVER_EXECUTE[name](self, argv)
         try:
             return await self._write(call, argv)
         except NotAWrite:
@@ -247,6 +277,25 @@ class XRaftService(pb_grpc.XRaftServicer):
             args = parse_xread_args(argv, False)
             return await self._xread(call, argv, args.keys, args.timeout_ms)
         return await self._read(call, argv)
+
+    # -- server-level commands for Execute (module doc) -------------------------------------
+
+    async def _server_ping(self, argv):
+        if len(argv) > 2:
+            raise wrong_arity("ping")
+        return "PONG" if len(argv) == 1 else bytes(argv[1])
+
+    async def _server_info(self, argv):
+        sections = [bytes(a).decode("latin-1").lower() for a in argv[1:]]
+        dbsize = await self.backend.read([b"DBSIZE"], False)     # this replica's, as RESP's INFO
+        return info_text(self.info_server, sections, dbsize if isinstance(dbsize, int) else 0)
+
+    async def _server_cluster(self, argv):
+        _check_arity("cluster", argv)
+        return cluster_command(self.backend, argv, 3)
+
+    async def _server_command(self, argv):
+        return command_command(argv)
 
     # -- streams ---------------------------------------------------------------------------
 
@@ -673,6 +722,16 @@ class _ConsumeSession:
             raise
         except Exception as e:  # noqa: BLE001 - reported through the stream
             self.out.put_nowait(e)
+
+
+_SERVER_EXECUTE = {b"ping": XRaftService._server_ping, b"info": XRaftService._server_info,
+                   b"cluster": XRaftService._server_cluster, b"command": XRaftService._server_command}
+
+
+def _check_arity(name: str, argv) -> None:
+    arity = SERVER_COMMANDS[name][0]
+    if (arity > 0 and len(argv) != arity) or (arity < 0 and len(argv) < -arity):
+        raise wrong_arity(name)
 
 
 def _ok(result):

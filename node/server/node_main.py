@@ -22,7 +22,9 @@ Shutdown on SIGTERM/SIGINT, in an order that gives every client a true answer:
      does not wait an election timeout for a new leader);
   4. MultiRaft closes: anything still in flight fails with UNKNOWN_OUTCOME
      (never a false failure), the WAL is synced and closed;
-  5. the listeners close, after a short grace for those replies; exit 0.
+  5. the listeners close: gRPC with a grace of GRACE_S, RESP gracefully (stop
+     listening, running commands finish, replies flush, connections close;
+     bounded by GRACE_S); exit 0.
 If the group fail-stops (storage or apply error) the node runs the same
 sequence and exits 70 so a supervisor restarts it from disk.
 
@@ -51,7 +53,7 @@ from ..raft.types import StateRole
 from ..runtime.disk_storage import DiskStorageOptions
 from ..runtime.grpc_transport import GrpcTransport, TlsConfig, TransportError, server_options
 from ..runtime.multiraft import MultiRaft, MultiRaftOptions
-from ..runtime.peer_auth import SecretError, load_secret
+from ..runtime.peer_auth import DEFAULT_SECRET_ENV, SecretError, load_secret
 from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
 from . import logging_setup
@@ -64,7 +66,7 @@ from .resp_server import RespServer
 log = logging.getLogger("xraft.node")
 
 GROUP_ID = 1
-SECRET_ENV = "XRAFT_CLUSTER_SECRET"
+SECRET_ENV = DEFAULT_SECRET_ENV      # one name, owned by peer_auth (the CLI documents it)
 IDENTITY_FILE = "node.json"
 LOCK_FILE = "LOCK"
 DRAIN_S = 2.0               # step 2: in-flight proposals may still commit
@@ -167,7 +169,8 @@ class Node:
         self.backend = RaftBackend(cfg.id, addresses, propose_timeout_s=max(10.0, 4 * election_s),
                                    read_timeout_s=max(5.0, 2 * election_s),
                                    leader_ready_timeout_s=max(5.0, 2 * election_s),
-                                   poll_interval_s=min(0.05, cfg.tick_ms / 1000))
+                                   warm_up_retry_s=min(0.05, cfg.tick_ms / 1000),
+                                   leader_settle_s=2 * election_s)
         self.backend.add_failure_listener(self._on_group_failed)
         self.backend.add_role_listener(self._update_health)
 
@@ -178,10 +181,14 @@ class Node:
                                          self.backend.machine, bootstrap_voters=tuple(cfg.peers))
         self.backend.attach(driver)
 
+        host, port = split_address(cfg.resp)
+        # Built (not started) before the gRPC service: INFO over gRPC reports its figures.
+        self.resp = RespServer(self.backend, host.strip("[]"), port, requirepass=cfg.requirepass)
         grpc_of_resp = {a.resp: a.grpc for a in addresses.values() if a.resp}
         server = grpc.aio.server(options=server_options(transport.limits))
         client_pb2_grpc.add_XRaftServicer_to_server(
-            XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get), server)
+            XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get,
+                         info_server=self.resp), server)
         transport.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((
@@ -201,8 +208,6 @@ class Node:
         await server.start()
         self.server = server
 
-        host, port = split_address(cfg.resp)
-        self.resp = RespServer(self.backend, host.strip("[]"), port, requirepass=cfg.requirepass)
         try:
             await self.resp.start()
         except OSError as exc:
@@ -262,9 +267,10 @@ class Node:
         await asyncio.gather(*closers, return_exceptions=True)
 
     async def _close_resp(self) -> None:
-        # Replies produced by step 4 are still being written: give them a moment.
-        await asyncio.sleep(min(GRACE_S, 0.2))
-        await self.resp.close()
+        # Step 4 resolved every write: the commands waiting on them finish, their
+        # replies (and the redirects of blocked clients) are flushed, then each closes.
+        if not await self.resp.shutdown(GRACE_S):
+            log.info("some RESP clients did not take their last replies within %.1fs", GRACE_S)
 
     async def _hand_over_leadership(self) -> None:
         d = self.backend.driver
@@ -283,7 +289,10 @@ class Node:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + TRANSFER_WAIT_S
-        while loop.time() < deadline and d.rn.raft.state == StateRole.LEADER:
+        # Until we follow a known successor (one round trip after stepping down): the
+        # redirects our blocked clients get must name it.
+        r = d.rn.raft
+        while loop.time() < deadline and (r.state == StateRole.LEADER or r.lead in (0, self.cfg.id)):
             await asyncio.sleep(0.02)
         log.info("leadership %s to node %d", "handed" if d.rn.raft.state != StateRole.LEADER else "NOT handed",
                  target)
@@ -319,7 +328,8 @@ def main(argv=None) -> int:
         cfg = parse_args(argv)
         logging_setup.setup(cfg.log_level, cfg.log_json, cfg.id)
         secret = load_secret(cfg.secret_file, env_var=SECRET_ENV)
-        tls = TlsConfig.from_files(cfg.tls_cert, cfg.tls_key, cfg.tls_ca) if cfg.tls else None
+        tls = TlsConfig.from_files(cfg.tls_cert, cfg.tls_key, cfg.tls_ca,
+                                   require_client_cert=cfg.tls_require_client_cert) if cfg.tls else None
         token = _read_token(cfg.token_file) if cfg.token_file else None
     except (ConfigError, SecretError, TransportError) as exc:
         print(f"xraft-node: {exc}", file=sys.stderr)

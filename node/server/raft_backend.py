@@ -19,11 +19,12 @@ fsync).
 
 Time. A new leader must not stamp below any time already in its log, and its
 log may hold its predecessor's records, appended but not yet applied, stamped
-later than anything applied (resolve.TimeStamper). The driver has no hook for
-appended entries, so instead a new leader accepts no write until a ReadIndex
-round has completed in its term: the core answers that only once an entry of
-the leader's own term is committed, and the driver returns only once it is
-applied here. By then every predecessor record is applied, so
+later than anything applied (resolve.TimeStamper). The driver's hook reports
+only the entries a leader appends itself, not those it took as a follower or
+recovered from its WAL, so a new leader accepts no write until a ReadIndex
+round (started from the hook as it takes office) has completed in its term:
+the core answers that only once an entry of the leader's own term is
+committed, and the driver returns only once it is applied here. By then every predecessor record is applied, so
 StateMachine.last_now_ms is the largest time in the log below our own
 proposals, and the stamper is seeded with it (observe). Writes arriving in
 that window (one heartbeat round in practice) wait for it, bounded by
@@ -40,11 +41,15 @@ Errors (backend.py's typed ones; the driver's are mapped, never leaked):
     driver UnknownOutcome   -> UnknownOutcome                       may or may not apply
     driver ReadFailed       -> NotLeader if we lost leadership, else Unavailable
 
-Leadership changes are polled (every poll_interval_s, and on every call):
-the driver has no callback for them. On a change the role listeners run (the
-RESP server fails its blocked clients with a redirect), unproposed writes are
-failed with NotLeader, and the proposals already in the log are failed by the
-driver itself with UnknownOutcome.
+Leadership changes come from the driver's on_change hook (raft_driver.
+SoftStateChange), called from inside its pump the moment the core's role,
+leader or term moves (or the group fail-stops): nothing is polled. On a change
+the role listeners run (the RESP server fails its blocked clients with a
+redirect), unproposed writes are failed with NotLeader, and the proposals
+already in the log are failed by the driver itself with UnknownOutcome. The
+hook also reports entries this leader appended (counted for INFO). Work that
+may not run inside the driver's pump (the warm-up's ReadIndex) is started from
+the hook as a task.
 """
 from __future__ import annotations
 
@@ -126,8 +131,8 @@ class RaftBackend(Backend):
     def __init__(self, raft_id: int, addresses: dict, *, config: Optional[EngineConfig] = None,
                  clock: Optional[Callable[[], int]] = None,
                  propose_timeout_s: float = 10.0, read_timeout_s: float = 5.0,
-                 leader_ready_timeout_s: float = 5.0, poll_interval_s: float = 0.05,
-                 max_pending_requests: int = 100_000):
+                 leader_ready_timeout_s: float = 5.0, warm_up_retry_s: float = 0.05,
+                 leader_settle_s: float = 2.0, max_pending_requests: int = 100_000):
         invariant(raft_id in addresses, "this node's addresses are known")
         self.raft_id = raft_id
         self.addresses: dict[int, NodeAddresses] = dict(addresses)
@@ -141,7 +146,8 @@ class RaftBackend(Backend):
         self.propose_timeout_s = propose_timeout_s
         self.read_timeout_s = read_timeout_s
         self.leader_ready_timeout_s = leader_ready_timeout_s
-        self.poll_interval_s = poll_interval_s
+        self.warm_up_retry_s = warm_up_retry_s   # pause between failed warm-up ReadIndex rounds
+        self.leader_settle_s = leader_settle_s   # _role_moved: wait this long for a successor
         self.max_pending_requests = max_pending_requests
         self._ready_listeners: list = []
         self._role_listeners: list = []
@@ -155,19 +161,22 @@ class RaftBackend(Backend):
         self._ready_term = 0               # term in which we may write (warm-up done); 0 = none
         self._warming: Optional[asyncio.Task] = None
         self._changed = asyncio.Event()    # set (and replaced) on every observed change
-        self._monitor: Optional[asyncio.Task] = None
         self._failed_reported = False
+        self._told = (False, 0)            # (leader?, leader id) the role listeners last heard
+        self._settle_timer: Optional[asyncio.TimerHandle] = None
         # Figures for INFO: how well group commit batches.
         self.records = 0
         self.requests = 0
         self.max_batch = 0
+        self.appended = 0                  # entries this node appended as leader (on_change)
 
     # -- life cycle ---------------------------------------------------------------------
     def attach(self, driver: drv.GroupDriver) -> None:
         invariant(self.driver is None, "attach() once")
         self.driver = driver
         self.machine.on_restored = self._on_restored
-        self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="raft-backend-watch")
+        driver.on_change = self._on_change
+        self._observe()                    # whatever happened before the hook was set
 
     def add_failure_listener(self, callback: Callable[[BaseException], None]) -> None:
         """callback(exc) once if the group fail-stops (storage or apply error)."""
@@ -178,13 +187,15 @@ class RaftBackend(Backend):
         the log are resolved by MultiRaft.close() (UnknownOutcome if unapplied)."""
         self._closed = True
         self._fail_pending(Unavailable("shutting down"))
-        for task in (self._monitor, self._warming):
-            if task is not None:
-                task.cancel()
+        if self._warming is not None:
+            self._warming.cancel()
+        # A pending _settled() timer stays: shutdown hands leadership over after close(),
+        # and the blocked clients must still be told where the successor is.
         self._bump()
 
     def refresh(self) -> None:
-        """Look at the group's role now (the watch task polls; shutdown has stopped it)."""
+        """Look at the group's role now: after MultiRaft.close() no pump runs, so a
+        change made by the last one (a hand-over) is reported from here."""
         self._observe()
 
     async def drain(self, timeout_s: float) -> bool:
@@ -210,18 +221,11 @@ class RaftBackend(Backend):
         return (r is not None and not self._closed and self.driver.failed is None
                 and r.state == StateRole.LEADER and r.term == self._ready_term)
 
-    # -- leadership watch --------------------------------------------------------------
-    async def _watch(self) -> None:
-        try:
-            while not self._closed:
-                try:
-                    self._observe()
-                except Exception:
-                    # A listener's bug must not stop the watch: role changes would go unseen.
-                    log.exception("leadership watch")
-                await asyncio.sleep(self.poll_interval_s)
-        except asyncio.CancelledError:
-            pass
+    # -- leadership (the driver's on_change hook) ---------------------------------------
+    def _on_change(self, change: drv.SoftStateChange) -> None:
+        # Inside the driver's pump: only bookkeeping, listeners and task creation here.
+        self.appended += change.appended
+        self._observe()
 
     def _observe(self) -> None:
         d = self.driver
@@ -251,7 +255,33 @@ class RaftBackend(Backend):
             self._ready_term = 0
             self._fail_pending(self._not_leader(lead))
         self._bump()
-        if (old[0] == StateRole.LEADER) != (role == StateRole.LEADER) or old[1] != lead:
+        self._role_moved()
+
+    def _role_moved(self) -> None:
+        """Tell the role listeners if (leader?, leader id) differs from what they were
+        last told. A replica that knows no leader (deposed by a transfer or an
+        election in progress) usually learns the successor within a round trip:
+        its listeners hear once it does (they redirect blocked clients there)
+        instead of now (they could only say CLUSTERDOWN), bounded by leader_settle_s."""
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
+        role, lead, _ = self._view
+        now = (role == StateRole.LEADER, lead)
+        if now == self._told:
+            return
+        if not now[0] and not lead:
+            self._settle_timer = asyncio.get_running_loop().call_later(self.leader_settle_s, self._settled)
+            return
+        self._told = now
+        self._notify_role()
+
+    def _settled(self) -> None:
+        self._settle_timer = None
+        role, lead, _ = self._view
+        now = (role == StateRole.LEADER, lead)
+        if now != self._told:
+            self._told = now
             self._notify_role()
 
     async def _warm_up(self, term: int) -> None:
@@ -264,7 +294,7 @@ class RaftBackend(Backend):
                 await self.driver.read_index(timeout=self.leader_ready_timeout_s)
             except drv.DriverError as exc:
                 log.info("leader warm-up in term %d: %s; retrying", term, exc)
-                await asyncio.sleep(self.poll_interval_s)
+                await asyncio.sleep(self.warm_up_retry_s)
                 continue
             r = self._core()
             if r.state == StateRole.LEADER and r.term == term:
@@ -405,6 +435,7 @@ class RaftBackend(Backend):
             "raft_records": self.records,
             "raft_requests": self.requests,
             "raft_max_batch": self.max_batch,
+            "raft_leader_appended": self.appended,
             "raft_syncs": d.stats.syncs,
             "raft_snapshots_created": d.stats.snapshots_created,
             "raft_snapshots_installed": d.stats.snapshots_installed,
@@ -417,7 +448,6 @@ class RaftBackend(Backend):
     # -- reads -----------------------------------------------------------------------------
     async def read(self, argv, linearizable: bool = True):
         self._check_open()
-        self._observe()
         if linearizable:
             if not self.is_leader():
                 raise self._not_leader()
@@ -437,7 +467,6 @@ class RaftBackend(Backend):
         if not requests:
             return []
         self._check_open()
-        self._observe()
         size = sum(request_size(r) for r in requests)     # EntryTooLarge for one oversized request
         if len(requests) > MAX_REQUESTS or size + RECORD_OVERHEAD > MAX_RECORD_BYTES:
             raise Unavailable("batch larger than one record")
@@ -475,10 +504,11 @@ class RaftBackend(Backend):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise Unavailable("leader not ready (its first commit is not applied yet)")
+            # Woken by _bump(): the warm-up finishing, a role change, close().
             try:
-                await asyncio.wait_for(self._changed.wait(), min(remaining, self.poll_interval_s))
+                await asyncio.wait_for(self._changed.wait(), remaining)
             except asyncio.TimeoutError:
-                self._observe()
+                pass
 
     def _flush(self) -> None:
         """Everything gathered since the last flush, as few records as fit."""

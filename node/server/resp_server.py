@@ -34,6 +34,14 @@ not read: above the hard limit, or above the soft limit for longer than its
 seconds, the client is closed as redis's client-output-buffer-limit does.
 Reading from a client stops while its unprocessed input is large, so a fast
 writer cannot make the parser's buffer grow without bound either.
+
+Shutdown (RespServer.shutdown, bounded by its timeout): stop listening; fail
+blocked commands (UNAVAILABLE: nothing will wake them here); let each client
+finish the command it is running and write every reply produced, then close
+it — commands still buffered behind it are not started, so the client can
+tell them from executed ones (no reply at all). What has not closed
+(a client that does not read its replies) is aborted at the deadline.
+close() is the abrupt variant.
 """
 import argparse
 import asyncio
@@ -58,7 +66,7 @@ from .cluster_cmds import Verbatim, cluster_command, command_keys, encode_verbat
 from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
 from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
                    RespParser, RespProtocolError, encode_error, encode_reply)
-from .wire_errors import noauth_message, not_leader_message
+from .wire_errors import noauth_message, not_leader_message, unavailable_message
 
 log = logging.getLogger("xraft.resp")
 
@@ -138,6 +146,10 @@ class Client(asyncio.Protocol):
             transport.write(ERR_MAX_CLIENTS)
             transport.close()
             return
+        if server.draining:               # accepted just before the listener closed
+            self.closed = True
+            transport.close()
+            return
         lim = server.limits
         self.parser = RespParser(lim.proto_max_bulk_len, lim.query_buffer_limit, lim.max_multibulk_len,
                                  authenticated=self.authenticated)
@@ -172,8 +184,12 @@ class Client(asyncio.Protocol):
     def connection_lost(self, exc):
         self.closed = True
         self._data.set()
-        self.server.clients.pop(self.id, None)
         self.server.registry.fail_owner(self, WaiterClosed())
+        self.server.client_gone(self)
+
+    def drain(self):
+        """Shutdown: finish the running command, flush, close (RespServer.shutdown)."""
+        self._data.set()
 
     # -- the command loop ---------------------------------------------------------------
     async def _run(self):
@@ -181,6 +197,11 @@ class Client(asyncio.Protocol):
         size = 0
         try:
             while not self.closed:
+                if self.server.draining:
+                    # Shutdown: replies produced so far go out; nothing new starts.
+                    self._write(out)
+                    self.transport.close()    # flushes the buffer, then closes
+                    return
                 try:
                     argv = self.parser.next_command()
                 except RespProtocolError as e:
@@ -534,6 +555,8 @@ class RespServer:
         self.stats_rejected = 0
         self._ids = 0
         self._server = None
+        self.draining = False
+        self._gone = asyncio.Event()      # set when the last client's connection is lost
         backend.add_ready_listener(self.registry.on_ready)
         backend.add_role_listener(self._role_changed)
 
@@ -552,22 +575,59 @@ class RespServer:
     def _role_changed(self):
         """Leadership moved: blocked clients on keys this node no longer serves get a
         redirect now; a silent empty reply would read as "nothing arrived"."""
+        self.registry.fail_where(self._redirect_for)
+
+    def _redirect_for(self, w):
         backend = self.backend
+        msg = redirect(backend, w.keys)
+        if msg is None and not backend.is_leader():
+            msg = not_leader_message(backend.leader_address())
+        return BackendError(msg) if msg else None
 
-        def error_for(w):
-            msg = redirect(backend, w.keys)
-            if msg is None and not backend.is_leader():
-                msg = not_leader_message(backend.leader_address())
-            return BackendError(msg) if msg else None
+    def client_gone(self, client) -> None:
+        if self.clients.get(client.id) is client:
+            del self.clients[client.id]
+        if not self.clients:
+            self._gone.set()
 
-        self.registry.fail_where(error_for)
+    async def shutdown(self, timeout_s: float) -> bool:
+        """Graceful close (module doc); True if every client closed cleanly in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_s, 0.0)
+        self.draining = True
+        if self._server is not None:
+            self._server.close()          # no new connections
+        # Where to go instead, if this node knows (it handed leadership over); else UNAVAILABLE.
+        self.registry.fail_where(lambda w: self._redirect_for(w)
+                                 or BackendError(unavailable_message("shutting down")))
+        clients = list(self.clients.values())
+        for c in clients:
+            c.drain()
+        tasks = [c._task for c in clients if c._task is not None and not c._task.done()]
+        if tasks:
+            # A command still running (a write waiting for its outcome) gets the rest of the time.
+            await asyncio.wait(tasks, timeout=max(deadline - loop.time(), 0.0))
+        for c in list(self.clients.values()):
+            if c.transport is not None and not c.transport.is_closing():
+                c.transport.close()
+        if self.clients:
+            self._gone.clear()
+            try:
+                await asyncio.wait_for(self._gone.wait(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                pass
+        clean = not self.clients
+        if not clean:
+            log.warning("%d RESP client(s) still open after %.1fs: closing them", len(self.clients), timeout_s)
+        await self.close()
+        return clean
 
     async def close(self):
         if self._server is not None:
             self._server.close()
         for c in list(self.clients.values()):
             if c.transport is not None:
-                c.transport.close()
+                c.transport.abort() if self.draining else c.transport.close()
             if c._task is not None:
                 c._task.cancel()
         if self._server is not None:
