@@ -1,0 +1,662 @@
+"""Cluster benchmark: a real 3-node xraft cluster (fsync always) beside redis-server with 2 replicas.
+
+    python bench/cluster.py [--quick] [--json FILE] [--seconds S] [--dir DIR] [--keep]
+
+Everything runs in one process run, so each xraft figure is printed beside a
+reference measured a moment earlier on the same (shared, 2-core) machine:
+
+* the raw Python gRPC floor (bench/grpc_floor.py in a subprocess: an echo
+  server with no xraft in it): unary c1 p50/p99 and unary calls/s at 64 in
+  flight, i.e. what grpc.aio alone costs;
+* redis-server 7.0: a primary and 2 `--replicaof` replicas on free ports,
+  `--save '' --appendonly no`; `WAIT 1 0` after each write batch is the
+  closest redis has to "acknowledged by a replica" (no fsync anywhere, so it
+  is a floor for the wire + replication, not a like-for-like durability);
+* xraft: `ops.local_cluster.up(nodes=3, fsync="always")` starts real
+  `xraft-node` processes; every write below is committed (leader + one
+  follower fsynced) before it is acknowledged.
+
+Phases (each runs --seconds, default 5, --quick 1, after a 0.5 s warm-up;
+entries are `sensor-id 1234 temperature 19.8` everywhere):
+
+1. XADD batches of 100 through the SDK (`xadd_batch`, BATCH_CONCURRENCY
+   batches in flight on one client) vs redis.asyncio pipelines of 100 XADD +
+   `WAIT 1 0`, the same number of pipelines in flight;
+2. single XADD latency, one client, one request at a time: SDK `xadd` vs
+   redis-py XADD + WAIT 1 0 (pipelined: one round trip) vs gRPC floor c1;
+3. single XADD, 64 in flight on one SDK client vs the floor's unary c64. The
+   SDK's default request ids (server-side dedup) allow only 8 tracked writes
+   in flight per client, so the c64 figure uses `request_ids=False` (all 64
+   really in flight, as in the floor); the default client is printed too;
+4. consumer group through `Consume`: preload entries first (100,000; --quick
+   5,000), then one session with max_batch=100 acking each 100 deliveries
+   with one ack message (one ack in flight: see sdk_consume); entries/s from
+   the first delivery to the last ack confirmed. Again with max_batch=1000
+   through a second group over the same entries;
+5. `redis-benchmark -n N -c 50 -P 16 XADD bench * f v` against the leader's
+   RESP port and against the redis primary;
+6. failover: a sequential SDK writer runs; the leader gets SIGKILL; the
+   figure is the time from the kill to the first write acknowledged by the new
+   leader (the SDK client is built with backoff_max=0.1 s so its retry back-off
+   adds at most ~0.1 s to what the cluster itself takes). The killed node is
+   restarted from disk and caught up before the next repetition (3; --quick 1).
+
+Per phase the CPU use of each process (% of one core, from /proc) is printed:
+on a 2-core machine with 3 nodes + the client, it shows which process limits
+a figure. Load average is printed at start and end: other work on the machine
+depresses every wall-clock figure here, the references included.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import redis
+import redis.asyncio
+import uvloop
+
+from xraft.client.aio import Client
+from xraft.client.errors import XRaftError
+from xraft.ops import local_cluster as lc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIELDS = {b"sensor-id": b"1234", b"temperature": b"19.8"}
+BATCH = 100
+BATCH_CONCURRENCY = 8          # = the SDK's MAX_TRACKED_WRITES: more would queue inside one client
+C64 = 64
+WARMUP_S = 0.5
+FAILOVER_LIMIT_S = 20.0        # no ack this long after the kill: the run fails (not a figure)
+CATCH_UP_LIMIT_S = 30.0
+CONSUME_STALL_S = 10.0         # a Consume session with no progress this long is reported as stalled
+REDIS_START_LIMIT_S = 20.0
+BENCH_TIMEOUT_S = 180.0        # per redis-benchmark run: a stuck server fails that figure, not the run
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def load_avg() -> float:
+    return os.getloadavg()[0]
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by pid; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+RAFT_COUNTERS = ("raft_records", "raft_requests", "raft_syncs")
+
+
+def raft_counters(resp_addr: str | None) -> dict | None:
+    info = lc.raft_info(resp_addr) if resp_addr else None
+    return {k: int(info.get(k, 0)) for k in RAFT_COUNTERS} if info else None
+
+
+class CpuMeter:
+    """CPU % of one core per named process over a `with` block (the bench
+    process itself is "client"), to say which process a figure is bound by;
+    with `leader_resp`, also the leader's group commit over the block (from
+    INFO raft): requests per log record and records per WAL sync."""
+
+    def __init__(self, pids: dict, leader_resp: str | None = None):
+        self.pids = pids
+        self.leader_resp = leader_resp
+
+    def __enter__(self):
+        self.raft0 = raft_counters(self.leader_resp)
+        self.t0 = time.perf_counter()
+        self.c0 = {name: proc_cpu(pid) for name, pid in self.pids.items()}
+        self.self0 = time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self.t0
+        self.pct = {name: 100 * (proc_cpu(pid) - self.c0[name]) / wall for name, pid in self.pids.items()}
+        self.pct["client"] = 100 * (time.process_time() - self.self0) / wall
+        self.raft = None
+        raft1 = raft_counters(self.leader_resp)
+        if self.raft0 and raft1:
+            d = {k: raft1[k] - self.raft0[k] for k in RAFT_COUNTERS}
+            self.raft = (d["raft_requests"] / max(1, d["raft_records"]), d["raft_records"] / max(1, d["raft_syncs"]),
+                         d["raft_syncs"] / wall)
+
+    def line(self) -> str:
+        text = "CPU % of a core: " + ", ".join(f"{k} {v:.0f}" for k, v in self.pct.items())
+        if self.raft:
+            text += "; leader: {:.1f} requests/record, {:.1f} records/sync, {:.0f} syncs/s".format(*self.raft)
+        return text
+
+
+def pct(values: list, q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def free_ports(n: int) -> list:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+async def timed(op, concurrency: int, seconds: float, latencies: list | None = None) -> float:
+    """Run `concurrency` loops of `await op()` (returns units done) for a
+    warm-up and then `seconds`; units per wall-second completed in the window."""
+    clock = time.perf_counter
+    start = clock() + WARMUP_S
+    end = start + seconds
+    done = 0
+
+    async def loop():
+        nonlocal done
+        while True:
+            t0 = clock()
+            if t0 >= end:
+                return
+            units = await op()
+            t1 = clock()
+            if start <= t0 and t1 <= end:
+                done += units
+                if latencies is not None:
+                    latencies.append(t1 - t0)
+
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return done / seconds
+
+
+def redis_benchmark(port: int, n: int) -> dict:
+    """redis-benchmark's XADD run against `port`: {"rps", "p50_ms", "p99_ms"} or {"error"}."""
+    argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-n", str(n), "-c", "50", "-P", "16",
+            "--csv", "XADD", "bench", "*", "f", "v"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"redis-benchmark did not finish {n} requests in {BENCH_TIMEOUT_S:g} s"}
+    for line in out.stdout.splitlines():
+        cells = [c.strip('"') for c in line.split('","')]
+        if cells and cells[0].startswith("XADD"):
+            return {"rps": float(cells[1]), "p50_ms": float(cells[4]), "p99_ms": float(cells[6])}
+    return {"error": f"redis-benchmark exit {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}"}
+
+
+# ----------------------------------------------------------------------------- gRPC floor
+
+def grpc_floor(seconds: float, tmp: str) -> dict:
+    """bench/grpc_floor.py in a subprocess (its own client + echo server processes)."""
+    out = os.path.join(tmp, "grpc_floor.json")
+    subprocess.run([sys.executable, os.path.join(HERE, "grpc_floor.py"), "--seconds", str(seconds), "--json", out],
+                   check=True, stdout=subprocess.DEVNULL, timeout=30 + 6 * seconds)
+    with open(out) as fh:
+        return json.load(fh)
+
+
+# ----------------------------------------------------------------------------- redis with 2 replicas
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when we die, even by SIGKILL (no finally runs then)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+class RedisTrio:
+    """A redis-server primary and 2 replicas (--replicaof) on free ports, no persistence."""
+
+    def __init__(self, tmp: str):
+        self.tmp = tmp
+        self.procs = []
+        self.ports = free_ports(3)
+
+    def __enter__(self):
+        try:
+            for i, port in enumerate(self.ports):
+                d = os.path.join(self.tmp, f"redis-{i}")
+                os.makedirs(d)
+                argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                        "--appendonly", "no", "--dir", d]
+                if i:
+                    argv += ["--replicaof", "127.0.0.1", str(self.ports[0])]
+                self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                   preexec_fn=_die_with_parent))
+            self._wait_synced()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_synced(self):
+        deadline = time.monotonic() + REDIS_START_LIMIT_S
+        while True:
+            try:
+                info = redis.Redis(port=self.ports[0]).info("replication")
+                online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
+                          and v.get("state") == "online"]
+                if len(online) == 2:
+                    return
+            except redis.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis replicas not online within {REDIS_START_LIMIT_S:g} s")
+            time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    @property
+    def pids(self) -> dict:
+        return {"primary": self.procs[0].pid, "replica1": self.procs[1].pid, "replica2": self.procs[2].pid}
+
+
+async def redis_batch_wait(port: int, seconds: float) -> float:
+    """Entries/s: pipelines of 100 XADD + WAIT 1 0, BATCH_CONCURRENCY in flight (one connection each)."""
+    r = redis.asyncio.Redis(port=port, max_connections=BATCH_CONCURRENCY)
+    try:
+        async def op():
+            p = r.pipeline(transaction=False)
+            for _ in range(BATCH):
+                p.xadd("batch", FIELDS)
+            p.wait(1, 0)
+            replies = await p.execute()
+            if replies[-1] < 1:
+                raise RuntimeError("WAIT 1 0 returned without a replica")
+            return BATCH
+        return await timed(op, BATCH_CONCURRENCY, seconds)
+    finally:
+        await r.aclose()
+
+
+def redis_single_wait(port: int, seconds: float) -> tuple:
+    """(p50 ms, p99 ms, per s): redis-py XADD + WAIT 1 0 in one pipeline, one at a time."""
+    r = redis.Redis(port=port)
+    lat = []
+    clock = time.perf_counter
+    start = clock() + WARMUP_S
+    end = start + seconds
+    try:
+        while (t0 := clock()) < end:
+            p = r.pipeline(transaction=False)
+            p.xadd("single", FIELDS)
+            p.wait(1, 0)
+            p.execute()
+            if t0 >= start:
+                lat.append(clock() - t0)
+    finally:
+        r.close()
+    return statistics.median(lat) * 1e3, pct(lat, 0.99) * 1e3, len(lat) / seconds
+
+
+# ----------------------------------------------------------------------------- xraft through the SDK
+
+async def sdk_batch(seeds, seconds: float) -> float:
+    async with Client(seeds) as c:
+        batch = [FIELDS] * BATCH
+
+        async def op():
+            results = await c.xadd_batch("batch", batch)
+            if len(results) != BATCH or any(isinstance(r, Exception) for r in results):
+                raise RuntimeError(f"xadd_batch failed: {results[:3]}")
+            return BATCH
+        return await timed(op, BATCH_CONCURRENCY, seconds)
+
+
+async def sdk_single(seeds, seconds: float) -> tuple:
+    """(p50 ms, p99 ms, per s) of one client's sequential xadd."""
+    async with Client(seeds) as c:
+        lat = []
+
+        async def op():
+            await c.xadd("single", FIELDS)
+            return 1
+        rate = await timed(op, 1, seconds, lat)
+    return statistics.median(lat) * 1e3, pct(lat, 0.99) * 1e3, rate
+
+
+async def sdk_c64(seeds, seconds: float, request_ids: bool) -> tuple:
+    """(acknowledged xadd/s, failed calls) with 64 calls in flight on one client. Failures are
+    counted, not fatal: with request ids a call can be refused as "too old to tell" (see the
+    README), and a short per-call timeout keeps such a call from stalling the phase."""
+    errors = []
+    async with Client(seeds, request_ids=request_ids) as c:
+        async def op():
+            try:
+                await c.xadd("c64", FIELDS, timeout=2.0)
+            except XRaftError as e:
+                errors.append(e)
+                return 0
+            return 1
+        rate = await timed(op, C64, seconds)
+    if errors:
+        print(f"  {len(errors)} xadd calls failed, e.g. {errors[0]!r}")
+    return rate, len(errors)
+
+
+async def sdk_preload(seeds, key: str, n: int) -> None:
+    async with Client(seeds) as c:
+        left = n
+
+        async def loader():
+            nonlocal left
+            while left > 0:
+                k = min(BATCH, left)
+                left -= k
+                await c.xadd_batch(key, [FIELDS] * k)
+        await asyncio.gather(*(loader() for _ in range(BATCH_CONCURRENCY)))
+
+
+async def sdk_consume(seeds, key: str, n: int, group: str = "g", batch: int = BATCH) -> dict:
+    """A new group reads the n preloaded entries through one Consume session
+    (max_batch=batch), acking each `batch` ids with one ack message. Acks go
+    from one acker task, one message in flight at a time, while deliveries keep
+    flowing: ConsumerSession.ack() calls must not overlap (each writes to the
+    gRPC stream, and grpc.aio fails a write issued while another is pending;
+    the SDK drops that ack silently and the session stalls with its window
+    full). Returns rate (entries acked per s, first delivery to last confirmed
+    ack), acked, pending (XPENDING after), stalled: if nothing moved for
+    CONSUME_STALL_S the session is abandoned and the rate is taken up to the
+    last progress (the stall is reported, not hidden in a lower figure)."""
+    async with Client(seeds) as c:
+        await c.xgroup_create(key, group, id="0")
+        session = c.consume([key], group, "worker", max_batch=batch)
+        to_ack: asyncio.Queue = asyncio.Queue()
+        st = {"delivered": 0, "acked": 0, "t0": None, "last": time.perf_counter()}
+
+        async def drain():
+            ids = []
+            async for d in session:
+                now = time.perf_counter()
+                st["t0"] = st["t0"] or now
+                st["last"] = now
+                st["delivered"] += 1
+                ids.append(d.id)
+                if len(ids) == batch or st["delivered"] == n:
+                    to_ack.put_nowait(ids)
+                    ids = []
+                if st["delivered"] >= n:
+                    to_ack.put_nowait(None)
+                    return
+
+        async def acker():
+            while (ids := await to_ack.get()) is not None:
+                st["acked"] += await session.ack(key, ids)
+                st["last"] = time.perf_counter()
+
+        stalled = None
+        tasks = [asyncio.ensure_future(drain()), asyncio.ensure_future(acker())]
+        try:
+            while not all(t.done() for t in tasks):
+                await asyncio.sleep(0.05)
+                if any(t.done() and t.exception() for t in tasks):
+                    break
+                if time.perf_counter() - st["last"] > CONSUME_STALL_S:
+                    stalled = (f"no delivery or ack confirmation for {CONSUME_STALL_S:g} s after "
+                               f"{st['delivered']:,} delivered, {st['acked']:,} acked")
+                    break
+            for t in tasks:
+                if t.done():
+                    t.result()                     # a failed session fails the run
+        finally:
+            for t in tasks:
+                t.cancel()
+            await session.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        pending = (await c.xpending(key, group)).count
+    elapsed = st["last"] - (st["t0"] or st["last"])
+    return {"rate": st["acked"] / elapsed if elapsed > 0 else 0.0, "acked": st["acked"], "pending": pending,
+            "stalled": stalled}
+
+
+# ----------------------------------------------------------------------------- failover
+
+async def _writer(seeds, stop: asyncio.Event, acks: list, errors: list) -> None:
+    """Sequential xadd until stopped; acks: (monotonic time of the ack, leader address that gave it)."""
+    async with Client(seeds, backoff_max=0.1, timeout=FAILOVER_LIMIT_S) as c:
+        while not stop.is_set():
+            try:
+                await c.xadd("failover", FIELDS)
+                # The address that just answered: the known leader, else the seed the call
+                # went to (a seed that answers is not redirected, so `leader` stays unset).
+                acks.append((time.perf_counter(), c.leader or c._target()))
+            except Exception as e:  # noqa: BLE001 - counted and reported; the writer carries on
+                errors.append(repr(e))
+
+
+async def failover_once(cluster: lc.ClusterInfo, seeds) -> tuple:
+    """(seconds from SIGKILL of the leader to the first ack by another node, old id, new leader addr)."""
+    leader = wait_leader(cluster)
+    stop, acks, errors = asyncio.Event(), [], []
+    task = asyncio.ensure_future(_writer(seeds, stop, acks, errors))
+    try:
+        # The writer must be writing to this leader before the kill, as a live client would be.
+        deadline = time.perf_counter() + 10
+        while not (acks and acks[-1][1] == leader["grpc"]):
+            if time.perf_counter() > deadline or task.done():
+                raise RuntimeError(f"writer never reached leader {leader['grpc']}: {errors[-3:]}")
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        t_kill = time.perf_counter()
+        os.kill(leader["pid"], signal.SIGKILL)
+        while True:
+            after = [(t, addr) for t, addr in acks if t > t_kill and addr != leader["grpc"]]
+            if after:
+                return after[0][0] - t_kill, leader["id"], after[0][1]
+            if time.perf_counter() - t_kill > FAILOVER_LIMIT_S or task.done():
+                raise RuntimeError(f"no write acknowledged within {FAILOVER_LIMIT_S:g} s of killing node "
+                                   f"{leader['id']}; writer errors: {errors[-3:]}")
+            await asyncio.sleep(0.005)
+    finally:
+        stop.set()
+        await task
+
+
+def restart_and_catch_up(dir_: str) -> float:
+    """Restart the killed node from disk; wait until every node applied the leader's commit index."""
+    t0 = time.monotonic()
+    cluster = lc.up(dir_, fsync="always")
+    deadline = t0 + CATCH_UP_LIMIT_S
+    while True:
+        rows = lc.status(cluster)
+        leader = lc.leader_of(rows)
+        if leader and all(r["alive"] and r["applied_index"] is not None
+                          and int(r["applied_index"]) >= int(leader["commit_index"]) for r in rows):
+            return time.monotonic() - t0
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"restarted node did not catch up within {CATCH_UP_LIMIT_S:g} s: {rows}")
+        time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- the run
+
+def wait_leader(cluster: lc.ClusterInfo, limit: float = 15.0) -> dict:
+    """The leader's status row. Polled: on this loaded machine a node can take longer than
+    INFO's 1 s timeout to answer, and find_leader then sees no leader for a moment."""
+    deadline = time.monotonic() + limit
+    while (leader := lc.find_leader(cluster, timeout=2.0)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no leader within {limit:g} s: {lc.status(cluster)}")
+        time.sleep(0.1)
+    return leader
+
+
+def cluster_pids(cluster: lc.ClusterInfo) -> dict:
+    leader = wait_leader(cluster)
+    out = {}
+    for n in cluster.nodes:
+        out[f"node{n.id}{'(L)' if leader and leader['id'] == n.id else ''}"] = n.pid
+    return out
+
+
+def run(args, tmp: str, out: dict) -> None:
+    s = args.seconds
+    preload = 5_000 if args.quick else 100_000
+    bench_n_redis = 20_000 if args.quick else 200_000
+    bench_n_xraft = 2_000 if args.quick else 20_000
+    reps = 1 if args.quick else 3
+    out["load_avg_start"] = load_avg()
+    print(f"xraft cluster benchmark: {os.cpu_count()} cores, load average {out['load_avg_start']:.1f}, "
+          f"{s:g} s per phase, batch {BATCH} x {BATCH_CONCURRENCY} in flight")
+
+    # -- references first: the gRPC floor, then redis with 2 replicas.
+    t = time.perf_counter()
+    floor = grpc_floor(s, tmp)
+    out.update({k: floor[k] for k in ("grpc_floor_unary_c1_per_s", "grpc_floor_unary_c64_per_s",
+                                      "grpc_floor_p50_ms", "grpc_floor_p99_ms", "grpc_floor_unary_c64_per_cpu_s")})
+    print(f"gRPC floor ({time.perf_counter() - t:.0f} s): unary c1 {floor['grpc_floor_unary_c1_per_s']:,.0f}/s "
+          f"p50 {floor['grpc_floor_p50_ms']:.2f} ms p99 {floor['grpc_floor_p99_ms']:.2f} ms; "
+          f"unary c64 {floor['grpc_floor_unary_c64_per_s']:,.0f}/s "
+          f"({floor['grpc_floor_unary_c64_per_cpu_s']:,.0f} per CPU-s of client + server)")
+
+    with RedisTrio(tmp) as trio:
+        port = trio.ports[0]
+        with CpuMeter(trio.pids) as m:
+            out["redis_wait1_batch100_entries_per_s"] = uvloop.run(redis_batch_wait(port, s))
+        print(f"redis batch100+WAIT: {out['redis_wait1_batch100_entries_per_s']:,.0f} entries/s   [{m.line()}]")
+        p50, p99, rate = redis_single_wait(port, s)
+        out.update(redis_wait1_p50_ms=p50, redis_wait1_p99_ms=p99, redis_wait1_single_per_s=rate)
+        print(f"redis XADD+WAIT single: p50 {p50:.3f} ms p99 {p99:.3f} ms ({rate:,.0f}/s)")
+        rb = redis_benchmark(port, bench_n_redis)
+        out["redis_benchmark_xadd_per_s"] = rb.get("rps")
+        print(f"redis-benchmark XADD -c 50 -P 16 on the primary: {rb}")
+
+    # -- xraft: 3 real nodes, fsync always.
+    dir_ = os.path.join(tmp, "cluster")
+    t = time.perf_counter()
+    try:
+        cluster = lc.up(dir_, nodes=3, fsync="always")
+        print(f"cluster up in {time.perf_counter() - t:.1f} s ({dir_})")
+        seeds = [n.grpc for n in cluster.nodes]
+        pids = cluster_pids(cluster)
+        leader_resp = wait_leader(cluster)["resp"]
+
+        with CpuMeter(pids, leader_resp) as m:
+            out["xadd_batch100_entries_per_s"] = uvloop.run(sdk_batch(seeds, s))
+        print(f"SDK xadd_batch(100) x {BATCH_CONCURRENCY}: {out['xadd_batch100_entries_per_s']:,.0f} entries/s "
+              f"(redis+WAIT {out['redis_wait1_batch100_entries_per_s']:,.0f}; target >= 100,000)   [{m.line()}]")
+
+        with CpuMeter(pids, leader_resp) as m:
+            p50, p99, rate = uvloop.run(sdk_single(seeds, s))
+        out.update(xadd_p50_ms=p50, xadd_p99_ms=p99, xadd_single_per_s=rate)
+        print(f"SDK xadd single: p50 {p50:.2f} ms p99 {p99:.2f} ms ({rate:,.0f}/s) | redis+WAIT p50 "
+              f"{out['redis_wait1_p50_ms']:.2f} p99 {out['redis_wait1_p99_ms']:.2f} | gRPC floor c1 p50 "
+              f"{out['grpc_floor_p50_ms']:.2f} p99 {out['grpc_floor_p99_ms']:.2f} | target p50 <= 2, p99 <= 10"
+              f"   [{m.line()}]")
+
+        with CpuMeter(pids, leader_resp) as m:
+            out["xadd_c64_per_s"], out["xadd_c64_errors"] = uvloop.run(sdk_c64(seeds, s, request_ids=False))
+        out["xadd_c64_vs_grpc_floor"] = out["xadd_c64_per_s"] / out["grpc_floor_unary_c64_per_s"]
+        print(f"SDK xadd c64 (request_ids=False): {out['xadd_c64_per_s']:,.0f}/s = "
+              f"{out['xadd_c64_vs_grpc_floor']:.0%} of the gRPC floor c64 "
+              f"{out['grpc_floor_unary_c64_per_s']:,.0f}/s (target >= 70%)   [{m.line()}]")
+        with CpuMeter(pids, leader_resp) as m:
+            out["xadd_c64_request_ids_per_s"], out["xadd_c64_request_ids_errors"] = \
+                uvloop.run(sdk_c64(seeds, s, request_ids=True))
+        print(f"SDK xadd c64 (default client, request ids: 8 in flight): "
+              f"{out['xadd_c64_request_ids_per_s']:,.0f}/s   [{m.line()}]")
+
+        t = time.perf_counter()
+        uvloop.run(sdk_preload(seeds, "consume", preload))
+        print(f"preloaded {preload:,} entries in {time.perf_counter() - t:.1f} s")
+        for group, batch, name in (("g", BATCH, "consume_ack_entries_per_s"),
+                                   ("g1000", 1000, "consume_ack_batch1000_entries_per_s")):
+            # The second run reads the same entries again through another group with 10x larger
+            # batches: shows whether the figure is bound per batch (one committed XREADGROUP + one
+            # XACK each) or per entry.
+            with CpuMeter(pids, leader_resp) as m:
+                r = uvloop.run(sdk_consume(seeds, "consume", preload, group=group, batch=batch))
+            out[name] = r["rate"]
+            if batch == BATCH:
+                out.update(consume_acked=r["acked"], consume_pending_after=r["pending"],
+                           consume_stalled=int(bool(r["stalled"])))
+            print(f"SDK Consume(max_batch={batch}) deliver+ack: {r['rate']:,.0f} entries/s ({r['acked']:,} acked, "
+                  f"{r['pending']} left pending{'; target >= 50,000' if batch == BATCH else ''})   [{m.line()}]")
+            if r["stalled"]:
+                print(f"  STALLED: {r['stalled']}")
+
+        leader = wait_leader(cluster)
+        with CpuMeter(pids, leader_resp) as m:
+            xb = redis_benchmark(int(leader["resp"].rsplit(":", 1)[1]), bench_n_xraft)
+        out["resp_benchmark_xadd_per_s"] = xb.get("rps")
+        print(f"redis-benchmark XADD -c 50 -P 16 on the xraft leader's RESP port: {xb} "
+              f"(redis primary: {out['redis_benchmark_xadd_per_s']})   [{m.line()}]")
+
+        each = []
+        for i in range(reps):
+            secs, old, new = uvloop.run(failover_once(cluster, seeds))
+            each.append(secs)
+            catch = restart_and_catch_up(dir_)
+            cluster = lc.load(dir_)
+            print(f"failover {i + 1}/{reps}: killed leader node {old}; first ack from {new} after {secs:.2f} s "
+                  f"(target <= 3 s); node {old} restarted and caught up in {catch:.1f} s")
+        out["failover_s_each"] = each
+        out["failover_s"] = max(each)
+    finally:
+        if lc.cluster_file(dir_).exists():
+            lc.down(dir_)
+    out["load_avg_end"] = load_avg()
+    print(f"load average at the end: {out['load_avg_end']:.1f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short smoke run (1 s phases, 1 failover)")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    ap.add_argument("--seconds", type=float, help="seconds per phase (default 5; --quick 1)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (node logs)")
+    ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one). "
+                                  "The cluster lives in DIR/cluster, so a caller can stop it if we are killed")
+    args = ap.parse_args()
+    args.seconds = args.seconds or (1.0 if args.quick else 5.0)
+    if not 0 < args.seconds <= 120:
+        ap.error("--seconds must be in (0, 120]")
+    for tool in ("redis-server", "redis-benchmark"):
+        if shutil.which(tool) is None:
+            ap.error(f"{tool} is not installed (./dev test installs it)")
+    # SIGTERM must run the finally blocks too: nodes run in their own sessions and would outlive us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.dir:
+        os.makedirs(args.dir)
+        tmp = args.dir
+    else:
+        tmp = tempfile.mkdtemp(prefix="xraft-bench-cluster-")
+    out: dict = {}
+    try:
+        run(args, tmp, out)
+    finally:
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
