@@ -11,18 +11,37 @@ Retries: NOT_LEADER / UNAVAILABLE / TIMEOUT (nothing was applied) are retried
 with exponential backoff and jitter until the call's overall deadline.
 
 Writes and unknown outcomes: a write whose fate is unknown (the server says
-UNKNOWN_OUTCOME, the deadline passed after sending, the connection broke) is
-retried only when it carries a request id the server deduplicates
-(`request_ids=True`, the default): the server's at-most-once table answers a
-retry of an applied request with its first result. Without request ids the
-SDK raises UnknownOutcomeError and never resends. The server keeps the last
-DEDUP_WINDOW results per client id, so at most MAX_TRACKED_WRITES id-carrying
-writes are in flight at once: more could push an unapplied request below the
-window, where a retry is refused as stale (safe, but a failure).
+UNKNOWN_OUTCOME, the connection broke) is retried only when it carries a
+request id the server deduplicates (`request_ids=True`, the default): the
+server's at-most-once table answers a retry of an applied request with its
+first result. Without request ids the SDK raises UnknownOutcomeError and
+never resends. Two UNKNOWN_OUTCOME answers are final and raised at once,
+never retried (a resend would get the same answer): StaleRequestError (the
+request id fell out of the window; the server cannot tell) and
+ReplyNotKeptError (applied, reply too large to keep). WriteDeadlineError
+(the deadline passed after sending) is final too.
+
+The dedup window: the server keeps the last DEDUP_WINDOW (1024) results per
+client id (node/fsm/sessions.py DEFAULT_RESULTS_PER_CLIENT; a test compares
+the two). The SDK issues request ids so that every id in flight is below
+L + MAX_TRACKED_WRITES (256), L being the oldest id whose call has not
+returned: then at most 2 * 256 - 1 distinct ids can be recorded while L is
+outstanding, fewer than 1024, so L (applied or not) never leaves the window
+however slow it is, and the other half of the window is slack for
+abandoned attempts still in the log. The cost: a write waits while the
+oldest one in flight is 256 ids behind (head-of-line, never a stale refusal).
+Remaining limit: the server does not know L (the request id carries only
+<client_id>:<seq>, and the log record has no field for it), so it still
+evicts by count, not by the client's acknowledgement; a caller that cancels
+many id-carrying writes whose attempts are still in the log (each may be
+recorded late) eats into that slack. Sending `lowest_unacked_seq` (Raft
+thesis 6.3) needs a metadata/record format change in grpc_service, resolve
+and entry.py.
 
 The sync client (sync.py) runs this one on a private loop thread.
 """
 import asyncio
+import collections
 import random
 import secrets
 from dataclasses import dataclass, field
@@ -33,13 +52,14 @@ from xraft.proto.v1 import client_pb2 as pb
 from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 
 from .commands import Commands
-from .errors import (DeadlineExceededError, NotLeaderError, UnavailableError, UnknownOutcomeError, WriteDeadlineError,
-                     XRaftError, from_rpc_error)
+from .errors import (DeadlineExceededError, NotLeaderError, ReplyNotKeptError, StaleRequestError, UnavailableError,
+                     UnknownOutcomeError, WriteDeadlineError, XRaftError, detail_of, from_rpc_error)
 from .types import StreamEntry, StreamID, streams_from_pb, to_bytes
 
 REQUEST_ID_KEY = "xraft-request-id"       # metadata: "<client_id>:<seq>" (the server dedups on it)
-DEDUP_WINDOW = 16                          # the server's results kept per client (fsm sessions)
-MAX_TRACKED_WRITES = DEDUP_WINDOW // 2
+DEDUP_WINDOW = 1024                        # = fsm sessions DEFAULT_RESULTS_PER_CLIENT (tests compare them)
+MAX_TRACKED_WRITES = DEDUP_WINDOW // 4     # seq span of id-carrying writes in flight (module doc)
+MAX_ACKS_IN_FLIGHT = 1024                  # unconfirmed acks per consumer session before ack() waits
 MAX_MESSAGE_BYTES = 16 << 20               # the server's gRPC message limit (client.proto)
 MAX_REDIRECTS = 8                          # NOT_LEADER hops per attempt before backing off
 
@@ -74,9 +94,8 @@ class Client(Commands):
         self._seed_index = 0
         # Request ids: a random client id (the server's session key) and a counter.
         self.client_id = secrets.randbits(63) or 1
-        self._seq = 0
-        self._in_flight = None             # semaphores, made on first use inside the running loop
-        self._tracked = None
+        self._window = _SeqWindow(MAX_TRACKED_WRITES)
+        self._in_flight = None             # a semaphore, made on first use inside the running loop
         self._closed = False
 
     # -- lifecycle --------------------------------------------------------------------
@@ -137,7 +156,11 @@ class Client(Commands):
     def _limits(self):
         if self._in_flight is None:
             self._in_flight = asyncio.Semaphore(self._max_in_flight)
-            self._tracked = asyncio.Semaphore(MAX_TRACKED_WRITES)
+
+    @property
+    def _seq(self) -> int:
+        """The last request id (seq) issued."""
+        return self._window.next - 1
 
     # -- the one unary path -------------------------------------------------------------
 
@@ -149,9 +172,11 @@ class Client(Commands):
         self._limits()
         async with self._in_flight:
             if write and self._request_ids:
-                async with self._tracked:
-                    self._seq += 1
-                    return await self._attempts(rpc, request, write, timeout, self._seq)
+                seq = await self._window.acquire()
+                try:
+                    return await self._attempts(rpc, request, write, timeout, seq)
+                finally:
+                    self._window.release(seq)
             return await self._attempts(rpc, request, write, timeout, None)
 
     async def _attempts(self, rpc, request, write, timeout, rid):
@@ -180,8 +205,10 @@ class Client(Commands):
             last = err
             uncertain = uncertain or isinstance(err, UnknownOutcomeError)
             if isinstance(err, UnknownOutcomeError):
-                # Resending is safe only when the server dedups on the request id.
-                if rid is None or isinstance(err, WriteDeadlineError):
+                # Resending is safe only when the server dedups on the request
+                # id, and useful only when the answer is not final: a stale
+                # refusal or "applied, reply not kept" would come back again.
+                if rid is None or isinstance(err, _FINAL_OUTCOMES):
                     raise err
             elif not err.retriable:
                 raise err
@@ -255,6 +282,59 @@ class Client(Commands):
         return ConsumerSession(self, start)
 
 
+_FINAL_OUTCOMES = (WriteDeadlineError, StaleRequestError, ReplyNotKeptError)
+
+
+class _SeqWindow:
+    """Request ids (seqs) of id-carrying writes, issued in order so that
+    every seq in flight is below lowest + size, `lowest` being the oldest seq
+    whose call has not returned. FIFO: a write waits for room behind earlier
+    ones. A seq is released when its call returns (or is cancelled)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.next = 1                      # the next seq to issue
+        self._issued = collections.deque()  # seqs issued and not yet retired, in order
+        self._done = set()                 # released seqs not yet at the left of _issued
+        self._waiters = collections.deque()
+
+    def _lowest(self) -> int:
+        return self._issued[0] if self._issued else self.next
+
+    def _fits(self) -> bool:
+        return self.next < self._lowest() + self.size
+
+    def _take(self) -> int:
+        seq, self.next = self.next, self.next + 1
+        self._issued.append(seq)
+        return seq
+
+    async def acquire(self) -> int:
+        if not self._waiters and self._fits():
+            return self._take()
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())     # issued but never sent
+            elif fut in self._waiters:
+                self._waiters.remove(fut)
+            raise
+
+    def release(self, seq: int) -> None:
+        self._done.add(seq)
+        advanced = False
+        while self._issued and self._issued[0] in self._done:
+            self._done.discard(self._issued.popleft())
+            advanced = True
+        while advanced and self._waiters and self._fits():
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(self._take())
+
+
 def _out_of_time(last: XRaftError | None, uncertain: bool) -> XRaftError:
     """The error for a call whose retries ran out of time: a write that may
     have been applied by any attempt stays an unknown outcome."""
@@ -288,14 +368,28 @@ class ConsumerSession:
     body never waits on the loop itself. On a retriable failure the session
     reconnects (to the leader the error names), first replaying this
     consumer's pending entries, and resends the acks not yet confirmed
-    (XACK is idempotent): delivery is at least once."""
+    (XACK is idempotent): delivery is at least once.
+
+    Acks: grpc.aio allows one write at a time on a stream, so ack() never
+    writes itself. It records the ack (unconfirmed until its AckResult
+    arrives) and queues its number for the stream's one writer task, so any
+    number of ack() calls may overlap (up to MAX_ACKS_IN_FLIGHT unconfirmed;
+    beyond that ack() waits for room). A write that fails ends that stream:
+    the session reconnects and resends every unconfirmed ack, in order. An
+    ack is never dropped: it is confirmed, or its ack() raises the error that
+    ended the session. (Acks are not merged into one ConsumeAck: its
+    AckResult carries one count, which could not be split among callers.)"""
 
     def __init__(self, client: Client, start: pb.ConsumeStart):
         self._client = client
         self._start = start
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._acks: dict[int, tuple] = {}          # ack_seq -> (key, ids, future)
+        self._acks: dict[int, tuple] = {}          # ack_seq -> (key, ids, future), unconfirmed, in order
         self._ack_seq = 0
+        self._ack_room = None                      # semaphore of MAX_ACKS_IN_FLIGHT, made on first use
+        self._outbox: asyncio.Queue | None = None  # ack_seqs for the live stream's writer; None between streams
+        self._broken: BaseException | None = None  # why the writer ended the live stream
+        self._ended: BaseException | None = None   # why the session ended
         self._call = None
         self._task = None
         self._closed = False
@@ -321,24 +415,46 @@ class ConsumerSession:
         return item
 
     async def ack(self, key, ids) -> int:
-        """XACK through the stream; the number of IDs that were pending."""
+        """XACK through the stream; the number of IDs that were pending.
+        Safe to call concurrently (see the class doc)."""
+        ids = [StreamID.parse(i) for i in ids]
+        if self._ack_room is None:
+            self._ack_room = asyncio.Semaphore(MAX_ACKS_IN_FLIGHT)
+        async with self._ack_room:
+            self._check_open()
+            self._ack_seq += 1
+            seq = self._ack_seq
+            fut = asyncio.get_running_loop().create_future()
+            self._acks[seq] = (to_bytes(key), ids, fut)
+            if self._outbox is not None:
+                self._outbox.put_nowait(seq)       # else sent when the next stream starts
+            return await fut
+
+    def _check_open(self) -> None:
         if self._closed:
             raise UnavailableError("consumer closed")
-        self._ack_seq += 1
-        ids = [StreamID.parse(i) for i in ids]
-        fut = asyncio.get_running_loop().create_future()
-        self._acks[self._ack_seq] = (to_bytes(key), ids, fut)
-        if self._call is not None:
-            await self._send_ack(self._ack_seq)
-        return await fut
+        if self._ended is not None:
+            if isinstance(self._ended, XRaftError):
+                raise self._ended
+            raise UnavailableError("consumer closed")
 
-    async def _send_ack(self, seq: int) -> None:
-        key, ids, _ = self._acks[seq]
-        try:
-            await self._call.write(pb.ConsumeRequest(ack=pb.ConsumeAck(key=key, ids=[i.to_pb() for i in ids],
-                                                                       ack_seq=seq)))
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-            pass                                   # the reader sees the failure and resends after reconnecting
+    async def _write_acks(self, call, outbox: asyncio.Queue) -> None:
+        """The stream's only writer after `start`: one ack message at a time."""
+        while True:
+            seq = await outbox.get()
+            pending = self._acks.get(seq)
+            if pending is None:
+                continue                           # confirmed meanwhile
+            key, ids, _ = pending
+            try:
+                await call.write(pb.ConsumeRequest(ack=pb.ConsumeAck(key=key, ids=[i.to_pb() for i in ids],
+                                                                     ack_seq=seq)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the stream is unusable: end it, resend on the next
+                self._broken = e
+                call.cancel()
+                return
 
     async def _run(self) -> None:
         client, loop = self._client, asyncio.get_running_loop()
@@ -347,10 +463,15 @@ class ConsumerSession:
         while not self._closed:
             address = client._target()
             self._call = call = client._node(address).stub.Consume(metadata=client._metadata(None))
+            self._broken = None
+            writer = None
             try:
                 await call.write(pb.ConsumeRequest(start=start))
-                for seq in list(self._acks):
-                    await self._send_ack(seq)
+                # Every unconfirmed ack, in order, then the new ones as ack() queues them.
+                self._outbox = outbox = asyncio.Queue()
+                for seq in self._acks:
+                    outbox.put_nowait(seq)
+                writer = asyncio.ensure_future(self._write_acks(call, outbox))
                 async for resp in call:
                     attempt, failing_since = 0, None
                     if resp.WhichOneof("body") == "ack_result":
@@ -365,8 +486,24 @@ class ConsumerSession:
                 return
             except grpc.aio.AioRpcError as e:
                 err = from_rpc_error(e, write=False)
+                if e.code() == grpc.StatusCode.INTERNAL and detail_of(e) is None:
+                    # grpc-core's own status for a write that lost the race with
+                    # the server's end of the call: the server's status is lost,
+                    # so reconnect; the new stream reports it again if it stands.
+                    err = UnavailableError(f"consume stream broken: {err.message}", grpc_code=e.code())
+            except (asyncio.CancelledError, asyncio.InvalidStateError, grpc.aio.UsageError) as e:
+                # The writer ended the stream (call.cancel()), or the start
+                # write found it ended; a cancel of this task itself propagates.
+                if self._closed or asyncio.current_task().cancelling():
+                    raise
+                cause = self._broken or e
+                err = UnavailableError(f"consume stream broken: {type(cause).__name__}: {cause}")
             finally:
+                self._outbox = None
                 call.cancel()
+                if writer is not None:
+                    writer.cancel()
+                    await asyncio.wait([writer])   # its own cancel is not raised here; ours is
             if self._closed:
                 return
             now = loop.time()
@@ -383,6 +520,8 @@ class ConsumerSession:
                 attempt += 1
 
     def _finish(self, exc: BaseException) -> None:
+        if self._ended is None:
+            self._ended = exc
         self._queue.put_nowait(exc)
         for _, _, fut in self._acks.values():
             if not fut.done():

@@ -15,6 +15,7 @@ and a write that was sent but not answered (deadline, broken connection)
 is an `UnknownOutcomeError`: it may or may not have been applied.
 """
 import builtins
+import re
 
 import grpc
 from google.rpc import status_pb2
@@ -170,6 +171,24 @@ class UnknownOutcomeError(XRaftError):
     reason = "UNKNOWN_OUTCOME"
 
 
+class StaleRequestError(UnknownOutcomeError):
+    """The server refused a resend because its request id fell out of the
+    client's at-most-once window: it can no longer tell whether the first
+    attempt was applied. Final: no resend can change that answer, so the SDK
+    raises it at once (never retried)."""
+    reason = "UNKNOWN_OUTCOME"
+    retriable = False
+
+
+class ReplyNotKeptError(UnknownOutcomeError):
+    """The request *was* applied, but its reply was too large for the server
+    to keep for resends (or was demoted to save space): the outcome is
+    "applied, reply lost". Final, never retried."""
+    reason = "UNKNOWN_OUTCOME"
+    retriable = False
+    applied = True
+
+
 class WriteDeadlineError(UnknownOutcomeError, DeadlineExceededError):
     """A write's deadline passed after it was sent: a timeout *and* an unknown
     outcome (catch either)."""
@@ -192,9 +211,28 @@ REASONS: dict[str, type[XRaftError]] = {cls.reason: cls for cls in (
 )}
 
 
+# The server's two final UNKNOWN_OUTCOME refusals (node/fsm: StaleRequest,
+# ResultNotKept), told apart by their text; tests/client compares these with
+# the node's messages.
+_STALE = re.compile(r"request \d+ of client \d+ is too old to tell whether it was applied")
+_NOT_KEPT = re.compile(r"request \d+ of client \d+ was already applied")
+
+
+def classify_unknown_outcome(message: str) -> type[UnknownOutcomeError]:
+    """The class of an UNKNOWN_OUTCOME by its message: the final refusals
+    (stale request id, reply not kept) or the plain, resendable kind."""
+    if _STALE.search(message):
+        return StaleRequestError
+    if _NOT_KEPT.search(message):
+        return ReplyNotKeptError
+    return UnknownOutcomeError
+
+
 def from_detail(detail: pb.ErrorDetail, grpc_code: grpc.StatusCode | None = None) -> XRaftError:
     """The typed error for an ErrorDetail (from a status or an XAdd result)."""
     cls = REASONS.get(detail.reason, UnknownError)
+    if cls is UnknownOutcomeError:
+        cls = classify_unknown_outcome(detail.message)
     return cls(detail.message, reason=detail.reason, retriable=detail.retriable,
                leader_address=detail.leader_address, leader_id=detail.leader_id,
                slot=detail.slot if detail.HasField("slot") else None, group_id=detail.group_id,

@@ -9,9 +9,20 @@ evictions happen at the same log position everywhere.
 
 Bounds (all three written in the snapshot; the snapshot's values win):
   max_clients         clients remembered; the least recently used is evicted
-  results_per_client  results kept per client, oldest evicted first
+  results_per_client  results kept per client, oldest evicted first. 1024 by
+                      default: the SDK keeps the seqs of its writes in flight
+                      within a span of 1024 // 4 (client/aio.py
+                      MAX_TRACKED_WRITES), so none of them leaves the window
   max_result_bytes    a larger result is kept as a ResultNotKept marker: a retry
                       learns the request was applied, not its reply
+Derived (not in the snapshot, a function of the three):
+  client_byte_budget  max(16 * max_result_bytes, results_per_client * 256): the
+                      bytes one client's results may hold. Over it, the oldest
+                      results larger than their marker are replaced by the
+                      marker (a retry of those learns "applied", not the reply).
+                      16 results of max_result_bytes is what a client could hold
+                      when the window was 16, so the table's worst case stays
+                      max_clients * 16 * max_result_bytes (256 MiB by default)
 
 Guarantees and their limits:
   * a retry of a request still in its client's window gets the original result;
@@ -33,7 +44,7 @@ Encoding (big-endian):
       > floor, in apply order; result = results.encode_result bytes, len <= max_result_bytes.
 """
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from ..engine.errors import CommandError
 from ..invariant import invariant
@@ -41,10 +52,11 @@ from .errors import StaleRequest
 from .results import CorruptResult, decode_result, encode_result
 
 DEFAULT_MAX_CLIENTS = 1024
-DEFAULT_RESULTS_PER_CLIENT = 16
+DEFAULT_RESULTS_PER_CLIENT = 1024   # = client/aio.py DEDUP_WINDOW (tests/client compares them)
 DEFAULT_MAX_RESULT_BYTES = 16 << 10
 LIMIT_CAP = 1 << 24                  # no bound may exceed this (snapshot sanity)
 MIN_RESULT_BYTES = 256               # room for the ResultNotKept marker of any request id
+BUDGET_RESULTS = 16                  # client_byte_budget: this many results of max_result_bytes
 
 _HEAD = struct.Struct(">IIII")
 _CLIENT = struct.Struct(">QQI")
@@ -61,12 +73,35 @@ class ResultNotKept(CommandError):
                          "too large to keep for retries" % (seq, client_id))
 
 
+def _marker(client_id: int, seq: int) -> bytes:
+    return encode_result(ResultNotKept(client_id, seq))
+
+
+_SMALLEST_MARKER = len(_marker(1, 1))
+
+
+def _demotable(client_id: int, seq: int, raw: bytes) -> bool:
+    """Whether `raw` is larger than its marker (so replacing it saves bytes).
+    A function of its arguments alone: the live table and a decoded one agree."""
+    if len(raw) <= _SMALLEST_MARKER:
+        return False
+    return len(raw) > MIN_RESULT_BYTES or len(raw) > len(_marker(client_id, seq))
+
+
 class _Client:
-    __slots__ = ("floor", "results")
+    __slots__ = ("floor", "results", "nbytes", "big")
 
     def __init__(self, floor: int = 0):
         self.floor = floor                   # Invariant: every evicted seq <= floor
         self.results = OrderedDict()         # seq -> encoded result, in apply order
+        self.nbytes = 0                      # Invariant: sum of len(results values)
+        self.big = deque()                   # seqs whose result is _demotable, in apply order
+
+    def add(self, client_id: int, seq: int, raw: bytes) -> None:
+        self.results[seq] = raw
+        self.nbytes += len(raw)
+        if _demotable(client_id, seq, raw):
+            self.big.append(seq)
 
 
 class Sessions:
@@ -80,6 +115,10 @@ class Sessions:
         self.results_per_client = results_per_client
         self.max_result_bytes = max_result_bytes
         self.clients = OrderedDict()         # client_id -> _Client, least recently used first
+
+    @property
+    def client_byte_budget(self) -> int:
+        return max(BUDGET_RESULTS * self.max_result_bytes, self.results_per_client * MIN_RESULT_BYTES)
 
     def __len__(self):
         return len(self.clients)
@@ -109,12 +148,22 @@ class Sessions:
         invariant(seq not in client.results and seq > client.floor, "a request recorded twice")
         raw = encode_result(result)
         if len(raw) > self.max_result_bytes:
-            raw = encode_result(ResultNotKept(client_id, seq))
+            raw = _marker(client_id, seq)
             invariant(len(raw) <= self.max_result_bytes, "the marker fits MIN_RESULT_BYTES")
-        client.results[seq] = raw
+        client.add(client_id, seq, raw)
         while len(client.results) > self.results_per_client:
-            old, _ = client.results.popitem(last=False)
+            old, old_raw = client.results.popitem(last=False)
+            client.nbytes -= len(old_raw)
+            if client.big and client.big[0] == old:
+                client.big.popleft()
             client.floor = max(client.floor, old)
+        budget = self.client_byte_budget
+        while client.nbytes > budget and client.big:
+            # The oldest large reply gives way (the newest are the likeliest retried).
+            old = client.big.popleft()
+            marker = _marker(client_id, old)
+            client.nbytes += len(marker) - len(client.results[old])
+            client.results[old] = marker
         while len(self.clients) > self.max_clients:
             self.clients.popitem(last=False)
 
@@ -168,7 +217,7 @@ class Sessions:
                     decode_result(raw)
                 except CorruptResult as e:
                     raise CorruptSessions("client %d seq %d: %s" % (client_id, seq, e)) from None
-                client.results[seq] = raw
+                client.add(client_id, seq, raw)
         if pos != len(buf):
             raise CorruptSessions("%d trailing bytes" % (len(buf) - pos))
         return table
