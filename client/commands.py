@@ -108,34 +108,15 @@ class Commands:
 
     async def xread(self, streams: dict, count=None, block_ms=None, *, timeout=None) -> dict:
         """XREAD: {key: id | "$"} -> {key: [StreamEntry]} (only streams with entries)."""
-        req = pb.XReadRequest()
-        for key, after in streams.items():
-            s = req.streams.add(key=to_bytes(key))
-            if after in ("$", b"$"):
-                s.new_entries_only = True
-            else:
-                s.after.CopyFrom(StreamID.parse(after).to_pb())
-        if count is not None:
-            req.count = count
-        if block_ms is not None:
-            req.block_ms = block_ms
+        req = _stream_read_request(pb.XReadRequest(), streams, "$", "new_entries_only", count, block_ms)
         resp = await self._unary("XRead", req, write=False, timeout=_block_timeout(block_ms, timeout))
         return streams_from_pb(resp.streams)
 
     async def xreadgroup(self, group, consumer, streams: dict, count=None, block_ms=None, noack=False, *,
                          timeout=None) -> dict:
         """XREADGROUP: {key: ">" | id} -> {key: [StreamEntry]} (history entries may be `deleted`)."""
-        req = pb.XReadGroupRequest(group=to_bytes(group), consumer=to_bytes(consumer), no_ack=noack)
-        for key, after in streams.items():
-            s = req.streams.add(key=to_bytes(key))
-            if after in (">", b">"):
-                s.new_entries = True
-            else:
-                s.after.CopyFrom(StreamID.parse(after).to_pb())
-        if count is not None:
-            req.count = count
-        if block_ms is not None:
-            req.block_ms = block_ms
+        req = _stream_read_request(pb.XReadGroupRequest(group=to_bytes(group), consumer=to_bytes(consumer),
+                                                        no_ack=noack), streams, ">", "new_entries", count, block_ms)
         resp = await self._unary("XReadGroup", req, write=True, timeout=_block_timeout(block_ms, timeout))
         return streams_from_pb(resp.streams)
 
@@ -348,3 +329,19 @@ class Commands:
         command read-only, which lets a lost connection be retried."""
         req = pb.ExecuteRequest(argv=[to_bytes(a) for a in argv])
         return value_from_pb((await self._unary("Execute", req, write=write, timeout=timeout)).reply)
+
+
+def _stream_read_request(req, streams: dict, new_marker: str, new_field: str, count, block_ms):
+    """Fill an XRead/XReadGroup request: one position per stream, where `new_marker`
+    ("$" for XREAD, ">" for XREADGROUP) sets the request's `new_field` flag instead of an ID."""
+    for key, after in streams.items():
+        s = req.streams.add(key=to_bytes(key))
+        if after in (new_marker, new_marker.encode()):
+            setattr(s, new_field, True)
+        else:
+            s.after.CopyFrom(StreamID.parse(after).to_pb())
+    if count is not None:
+        req.count = count
+    if block_ms is not None:
+        req.block_ms = block_ms
+    return req
