@@ -71,14 +71,47 @@ class _Node:
 
 
 class Client(Commands):
+    """An xraft client over one gRPC channel per node it talks to.
+
+    seeds: "host:port" addresses of some nodes' gRPC (client API) ports.
+    token: the cluster's bearer token (a node started with one refuses calls
+        without it); sent as `authorization: Bearer <token>` metadata on every
+        call, over plaintext and TLS alike (use TLS to keep it off the wire).
+
+    TLS (the node's --tls-cert/--tls-key/--tls-ca; all channels are then
+    `grpc.aio.secure_channel`, plaintext otherwise):
+    tls: True for TLS. Default None: TLS exactly when one of the options
+        below is given; tls=False with any of them is a ValueError.
+    root_certificates: PEM of the CA that signed the nodes' certificates
+        (the node's --tls-ca); None: grpc's default trust roots.
+    client_cert, client_key: PEM certificate chain and private key, both or
+        neither; needed only by nodes run with --tls-require-client-cert.
+    credentials: a ready `grpc.ChannelCredentials` instead of the three
+        above (e.g. from a custom trust store); exclusive with them.
+    server_name_override: the name checked in the nodes' certificates
+        instead of the dialled host (when nodes are dialled by an IP or name
+        that is not in their certificate). Applies to every node.
+    A TLS mismatch (plaintext client and TLS node, or a certificate that is
+    not trusted or not accepted) is a failed connection (UnavailableError,
+    nothing sent), retried like any other until `timeout`, then raised as
+    DeadlineExceededError with the UnavailableError as its __cause__.
+    """
+
     def __init__(self, seeds, *, token: str | None = None, timeout: float = 10.0, backoff_base: float = 0.02,
                  backoff_max: float = 1.0, request_ids: bool = True, follower_reads: bool = False,
-                 max_in_flight: int = 1024, channel_options=()):
+                 max_in_flight: int = 1024, channel_options=(), tls: bool | None = None,
+                 root_certificates: bytes | None = None, client_cert: bytes | None = None,
+                 client_key: bytes | None = None, credentials: grpc.ChannelCredentials | None = None,
+                 server_name_override: str | None = None):
         if isinstance(seeds, str):
             seeds = [seeds]
         self._seeds = list(seeds)
         if not self._seeds:
             raise ValueError("at least one seed address")
+        self._credentials = _channel_credentials(tls, root_certificates, client_cert, client_key, credentials,
+                                                 server_name_override)
+        if server_name_override:
+            channel_options = (("grpc.ssl_target_name_override", server_name_override), *channel_options)
         self._token = token
         self.timeout = timeout
         self._backoff = (backoff_base, backoff_max)
@@ -122,7 +155,10 @@ class Client(Commands):
     def _node(self, address: str) -> _Node:
         node = self._nodes.get(address)
         if node is None:
-            channel = grpc.aio.insecure_channel(address, options=self._channel_options)
+            if self._credentials is None:
+                channel = grpc.aio.insecure_channel(address, options=self._channel_options)
+            else:
+                channel = grpc.aio.secure_channel(address, self._credentials, options=self._channel_options)
             node = self._nodes[address] = _Node(channel, pb_grpc.XRaftStub(channel))
         return node
 
@@ -283,6 +319,32 @@ class Client(Commands):
 
 
 _FINAL_OUTCOMES = (WriteDeadlineError, StaleRequestError, ReplyNotKeptError)
+
+
+def _channel_credentials(tls, root_certificates, client_cert, client_key, credentials, server_name_override):
+    """The channel credentials for Client's TLS options (its docstring); None: plaintext."""
+    pems = {"root_certificates": root_certificates, "client_cert": client_cert, "client_key": client_key}
+    for name, value in pems.items():
+        if value is not None and not isinstance(value, (bytes, bytearray)):
+            raise TypeError(f"{name} must be PEM bytes, not {type(value).__name__}")
+    given = [name for name, value in (*pems.items(), ("credentials", credentials),
+                                      ("server_name_override", server_name_override)) if value is not None]
+    if tls is None:
+        tls = bool(given)
+    if not tls:
+        if given:
+            raise ValueError(f"tls=False with TLS options: {', '.join(given)}")
+        return None
+    if (client_cert is None) != (client_key is None):
+        raise ValueError("client_cert and client_key go together")
+    if credentials is not None:
+        if any(v is not None for v in pems.values()):
+            raise ValueError("credentials excludes root_certificates, client_cert and client_key")
+        return credentials
+    return grpc.ssl_channel_credentials(
+        root_certificates=None if root_certificates is None else bytes(root_certificates),
+        private_key=None if client_key is None else bytes(client_key),
+        certificate_chain=None if client_cert is None else bytes(client_cert))
 
 
 class _SeqWindow:
