@@ -65,6 +65,7 @@ the acceptor's certificate against the CA.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import random
@@ -273,6 +274,11 @@ class _LinkBroken(Exception):
     pass
 
 
+def _wake(waiter: asyncio.Future, _task=None) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class _Item:
     """One accepted batch: the caller's messages (for `lost`) and their encodings."""
 
@@ -295,7 +301,7 @@ class _Link:
         self.state = _DOWN
         self.queue: deque[_Item] = deque()
         self.queued_bytes = 0
-        self.wake = asyncio.Event()
+        self.waiter: Optional[asyncio.Future] = None  # the idle writer's wake-up (see _pump)
         self.envelope_limit = MIN_ENVELOPE_BYTES  # the peer's, learnt from its Hello
         self.task: Optional[asyncio.Task] = None
         self.last_error = ""
@@ -511,7 +517,9 @@ class GrpcTransport:
         link.queued_bytes += wire
         st.batches_accepted += 1
         st.messages_accepted += len(encoded)
-        link.wake.set()
+        w = link.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
         return True
 
     def _next_envelopes(self, link: _Link) -> tuple[int, list[bytes]]:
@@ -636,11 +644,17 @@ class GrpcTransport:
             st = link.stats
             while True:
                 if not q:
-                    link.wake.clear()
-                    waiter = asyncio.ensure_future(link.wake.wait())
-                    done, _ = await asyncio.wait({waiter, watch}, return_when=asyncio.FIRST_COMPLETED)
-                    if watch in done:
-                        waiter.cancel()
+                    # Idle: one plain future, resolved by send() or by the stream's end
+                    # (no task and no asyncio.wait per idle spell: this runs per batch).
+                    waiter = link.waiter = asyncio.get_running_loop().create_future()
+                    wake = functools.partial(_wake, waiter)
+                    watch.add_done_callback(wake)
+                    try:
+                        await waiter
+                    finally:
+                        link.waiter = None
+                        watch.remove_done_callback(wake)
+                    if watch.done():
                         watch.result()  # raises why the stream ended
                     continue
                 k, envs = self._next_envelopes(link)

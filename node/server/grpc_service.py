@@ -37,6 +37,7 @@ result when it passes is UNKNOWN_OUTCOME; a blocking form is cut to it and
 answers its empty reply, as a redis BLOCK timeout does.
 """
 import asyncio
+import collections
 import dataclasses
 import hmac
 import re
@@ -77,6 +78,9 @@ DEFAULT_MAX_UNACKED = 1000
 MAX_UNACKED = 10_000
 MAX_ACK_IDS = 10_000
 MAX_CONSUME_KEYS = 100
+READS_AHEAD = 4                       # Consume: XREADGROUP reads in flight at once (window permitting)
+MAX_ACKS_PER_WRITE = 256              # Consume: acks written by one submit (one record)
+MAX_QUEUED_ACKS = 1024                # Consume: acks read and not yet written (then reading pauses)
 BLOCK_MARGIN_S = 0.05                 # a blocking form ends this much before the deadline
 _ALREADY_APPLIED = re.compile(r"^ERR xraft: request \d+ of client \d+ was already applied")
 
@@ -162,8 +166,9 @@ class XRaftService(pb_grpc.XRaftServicer):
             lambda w: error if isinstance(w.owner, _Call) and (w.owner.write or w.owner.linearizable) else None)
 
     def _begin(self, options, context) -> _Call:
+        metadata = dict(context.invocation_metadata() or ())
         if self._token is not None:
-            got = dict(context.invocation_metadata() or ()).get("authorization", "")
+            got = metadata.get("authorization", "")
             if not hmac.compare_digest(got.encode(), f"Bearer {self._token}".encode()):
                 raise Unauthenticated()
         loop = asyncio.get_running_loop()
@@ -172,7 +177,7 @@ class XRaftService(pb_grpc.XRaftServicer):
             hint = min(options.deadline_hint_ms, MAX_DEADLINE_HINT_MS) / 1000
             left = hint if left is None else min(left, hint)
         client_id = seq = 0
-        raw = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
+        raw = metadata.get(REQUEST_ID_KEY)
         if raw is not None:
             try:
                 client_id, seq = (int(x) for x in raw.split(":"))
@@ -237,8 +242,9 @@ class XRaftService(pb_grpc.XRaftServicer):
         if left is None:
             return await self.backend.submit(requests)
         try:
-            return await asyncio.wait_for(self.backend.submit(requests), left)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(left):     # no task per call, unlike wait_for
+                return await self.backend.submit(requests)
+        except TimeoutError:
             raise UnknownOutcome() from None
 
     async def _read(self, call: _Call, argv):
@@ -602,9 +608,10 @@ class XRaftService(pb_grpc.XRaftServicer):
 
     async def Consume(self, request_iterator, context):
         """A consumer group's deliveries out, acks in. The first message is
-        `start`; then a delivery task reads ">" (XREADGROUP through the log)
-        while fewer than max_unacked entries are out, and an ack task runs
-        each ConsumeAck as an XACK. Both feed one queue this generator drains:
+        `start`; then a delivery task reads ">" (XREADGROUP through the log,
+        several reads in flight) while fewer than max_unacked entries are out,
+        and an ack task writes the ConsumeAcks as XACKs (those that arrive
+        together in one record). Both feed one queue this generator drains:
         grpc allows one writer per call. A client's half-close ends the call
         once the acks it sent are confirmed."""
         call = None
@@ -643,6 +650,26 @@ class XRaftService(pb_grpc.XRaftServicer):
 
 
 class _ConsumeSession:
+    """One Consume call's state. Deliveries are pipelined: up to READS_AHEAD
+    XREADGROUP ">" reads are in flight at once (each counted against the
+    window before it is issued, so delivered + requested never exceeds
+    max_unacked), and their results go out in issue order. Reads run ahead only
+    while the previous one came back full (the stream may hold more); a short
+    or empty read means drained, and the session waits for the keys' next
+    write. Acks are read as they arrive; those that arrive while a write of
+    earlier acks is in flight are written together, one XACK request each, in
+    ONE submit (one log record), and confirmed in arrival order with each
+    XACK's own count. At-least-once is unchanged: an entry leaves the window
+    only once its XACK is applied.
+
+    Reads do not wait for the acks in flight to apply: the IDs those acks
+    release count as room at once, so the next read joins the acks' record
+    (one fsync round instead of two in a row). What such a read returns is
+    held back until those ack writes have applied (they precede it in the log
+    and finish first), so the client never holds more than max_unacked
+    entries; if one of them fails the session ends and the held entries stay
+    in the consumer's PEL (replay_pending_after), as any undelivered read."""
+
     def __init__(self, service: XRaftService, call: _Call, start: pb.ConsumeStart):
         cv.check_count("keys", start.keys, 1, MAX_CONSUME_KEYS)
         if len(set(start.keys)) != len(start.keys):
@@ -656,10 +683,19 @@ class _ConsumeSession:
         self.unacked = set()                 # (key, id bytes) delivered and not acked
         self.room = asyncio.Event()          # set when an ack may have opened the window
         self.out: asyncio.Queue = asyncio.Queue()
+        self.acks: list = []                 # ConsumeAck read, not yet written
+        self.acks_changed = asyncio.Event()  # acks queued, the input ended, or acks written
+        self.acks_ended = False
+        self.releasing = set()               # unacked (key, id) whose XACK is being written
+        self.ack_writes_started = self.ack_writes_done = 0
+        self.acks_applied = asyncio.Event()  # set when an ack write completes
+        # Figures (tests): reads issued, XACK submits (records) and the acks they carried.
+        self.reads = self.ack_writes = self.acks_written = 0
 
     async def _readgroup(self, ids, count):
         argv = cv.xreadgroup_argv(self.start.group, self.start.consumer, self.keys, ids, count, None,
                                   self.start.no_ack)
+        self.reads += 1
         return cv.streams_pb(await self.service._write(self.call, argv))
 
     def _deliver(self, streams) -> None:
@@ -684,40 +720,142 @@ class _ConsumeSession:
                     self.out.put_nowait(pb.ConsumeResponse(delivery=pb.ConsumeDelivery(streams=streams)))
             registry = self.service.registry
             waiter = registry.register(self.keys, 0, True, self.call)
+            inflight = collections.deque()   # (read task, entries requested), in issue order
             try:
-                while True:
-                    room = self.batch if self.start.no_ack else min(self.batch, self.window - len(self.unacked))
-                    if room <= 0:
-                        self.room.clear()
-                        await self.room.wait()
-                        continue
-                    streams = await self._readgroup([b">"] * len(self.keys), room)
-                    if streams:
-                        self._deliver(streams)
-                        registry.on_ready(self.keys)    # more may be there: the next waiter's turn
-                        continue
-                    await waiter.wait()
+                await self._deliver_loop(registry, waiter, inflight)
             finally:
                 registry.unregister(waiter)
+                for t, _, _ in inflight:
+                    t.cancel()
+                for t, _, _ in inflight:
+                    try:
+                        await t
+                    except BaseException:  # noqa: BLE001 - cancelled or failed: this session is ending
+                        pass
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - reported through the stream
             self.out.put_nowait(e)
 
+    async def _deliver_loop(self, registry, waiter, inflight) -> None:
+        ids = [b">"] * len(self.keys)
+        reserved = 0                         # entries requested by reads in flight
+        ahead = 1                            # reads allowed in flight: 1 until one comes back full
+        while True:
+            while len(inflight) < ahead:
+                if self.start.no_ack:
+                    room = self.batch
+                else:
+                    room = min(self.batch, self.window - len(self.unacked) + len(self.releasing) - reserved)
+                if room <= 0:
+                    break
+                # A read counting on acks in flight is delivered only after they applied.
+                after = self.ack_writes_started if self.releasing else 0
+                inflight.append((asyncio.ensure_future(self._readgroup(ids, room)), room, after))
+                reserved += room
+            if not inflight:
+                if ahead == 0:               # drained: wait for the keys' next write
+                    await waiter.wait()
+                    ahead = 1
+                else:                        # window full: wait for an ack
+                    self.room.clear()
+                    if not self.start.no_ack and self.window - len(self.unacked) + len(self.releasing) <= 0:
+                        await self.room.wait()
+                continue
+            task, room, after = inflight[0]
+            try:
+                streams = await task
+                while self.ack_writes_done < after:   # the acks it counted on: applied first
+                    self.acks_applied.clear()
+                    await self.acks_applied.wait()
+            finally:
+                inflight.popleft()
+                reserved -= room
+            if any(s.entries for s in streams):
+                self._deliver(streams)
+                # More may be there: the next consuming waiter's turn (not a new write).
+                registry.on_ready(self.keys, recheck_in_flight=False)
+            if any(len(s.entries) >= room for s in streams):    # full: the stream may hold more
+                ahead = READS_AHEAD
+            elif ahead:
+                ahead = 0                    # drained: let the reads in flight finish, then wait
+
     async def take_acks(self, request_iterator) -> None:
+        """Reads acks as they come (bounded: MAX_QUEUED_ACKS waiting to be written);
+        write_acks writes them."""
+        writer = asyncio.ensure_future(self.write_acks())
         try:
             async for req in request_iterator:
                 if req.WhichOneof("body") != "ack":
                     raise cv.ArgumentError("only acks after start")
                 ack = req.ack
                 cv.check_count("ids", ack.ids, 1, MAX_ACK_IDS)
-                ids = [cv.id_text(i) for i in ack.ids]
-                acked = await self.service._write(self.call, [b"XACK", ack.key, self.start.group] + ids)
-                self.unacked.difference_update((ack.key, i) for i in ids)
+                while len(self.acks) >= MAX_QUEUED_ACKS and not writer.done():
+                    self.acks_changed.clear()
+                    await self.acks_changed.wait()
+                if writer.done():
+                    break
+                self.acks.append(ack)
+                self.acks_changed.set()
+            self.acks_ended = True
+            self.acks_changed.set()
+            await writer
+        except asyncio.CancelledError:
+            writer.cancel()
+            raise
+        except Exception as e:  # noqa: BLE001 - reported through the stream
+            writer.cancel()
+            self.out.put_nowait(e)
+
+    async def write_acks(self) -> None:
+        """Every ack queued when the previous write completed, as one submit of one
+        XACK per ack (one record); results in arrival order. Ends with None on the
+        queue once the input ended and everything read is written."""
+        try:
+            group = self.start.group
+            while True:
+                if not self.acks:
+                    if self.acks_ended:
+                        self.out.put_nowait(None)
+                        return
+                    self.acks_changed.clear()
+                    await self.acks_changed.wait()
+                    continue
+                take, size = 0, 0
+                while take < len(self.acks) and (take == 0 or (take < MAX_ACKS_PER_WRITE
+                                                               and size + len(self.acks[take].ids) <= MAX_ACK_IDS)):
+                    size += len(self.acks[take].ids)
+                    take += 1
+                acks, self.acks = self.acks[:take], self.acks[take:]
+                self.acks_changed.set()          # room for the reader
+                ids = [[cv.id_text(i) for i in ack.ids] for ack in acks]
+                requests = [resolve_command(0, 0, [b"XACK", ack.key, group] + i).request
+                            for ack, i in zip(acks, ids)]
+                self.ack_writes += 1
+                self.acks_written += len(acks)
+                unacked = self.unacked
+                freeing = {(ack.key, x) for ack, i in zip(acks, ids) for x in i} & unacked
+                freeing -= self.releasing
+                self.releasing |= freeing
+                self.ack_writes_started += 1
+                # The room this opens lets the delivery task issue its next read now;
+                # one loop pass lets that read reach the backend together with these
+                # XACKs, so both go in one record (one fsync round, not two in a row).
+                # Either order in the log is safe: the read's entries are delivered only
+                # after this write completes (see deliver).
+                if self.releasing:
+                    self.room.set()
+                    await asyncio.sleep(0)
+                results = await self.service._submit(self.call, requests)
+                for ack, i, acked in zip(acks, ids, results):
+                    acked = _ok(acked)
+                    unacked.difference_update((ack.key, x) for x in i)
+                    self.out.put_nowait(pb.ConsumeResponse(ack_result=pb.ConsumeAckResult(ack_seq=ack.ack_seq,
+                                                                                           acked=acked)))
+                self.releasing -= freeing
+                self.ack_writes_done += 1
+                self.acks_applied.set()
                 self.room.set()
-                self.out.put_nowait(pb.ConsumeResponse(ack_result=pb.ConsumeAckResult(ack_seq=ack.ack_seq,
-                                                                                       acked=acked)))
-            self.out.put_nowait(None)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - reported through the stream

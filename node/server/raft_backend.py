@@ -9,13 +9,24 @@
         v
     FsmAdapter -> fsm.StateMachine.apply -> results to the proposer; ready keys to listeners
 
-Writes. The leader gathers every submit() made during one event-loop
-iteration into ONE record (entry.encode_record), stamped by its TimeStamper,
-and proposes it; each submit gets its own slice of the record's results once
-the entry is applied here. One submit's requests are never split (a
-MULTI/EXEC or a client's batch stays atomic). Many records can be in flight
-at once; the driver puts all proposals of an iteration into one Ready (one
-fsync).
+Writes (group commit). The leader gathers submit()s into ONE record
+(entry.encode_record), stamped by its TimeStamper, and proposes it; each
+submit gets its own slice of the record's results once the entry is applied
+here. One submit's requests are never split (a MULTI/EXEC or a client's
+batch stays atomic). The gathering window is "until the driver can take the
+next proposal": while the group's storage is busy (the previous Ready's
+fsync in the executor) or a record we proposed has not been appended by the
+driver yet, new submits keep gathering, and they are flushed as one record
+the moment that Ready completes (a done callback on the driver's storage
+task) or the driver reports the append (on_change). A proposal made while
+the storage is busy would only wait in the driver's queue for that same
+moment, so gathering costs no latency and turns N concurrent writes into
+one record (one encode, one entry, one peer message, one apply call) instead
+of N. Bounded: a full record (MAX_REQUESTS requests or MAX_RECORD_BYTES) is
+proposed at once, and max_pending_requests bounds what waits. An idle leader
+flushes on the next loop iteration (a lone write does not wait). Many
+records can be in flight at once (replication of one overlaps the leader's
+fsync of the next); the driver puts all proposals it holds into one Ready.
 
 Time. A new leader must not stamp below any time already in its log, and its
 log may hold its predecessor's records, appended but not yet applied, stamped
@@ -156,6 +167,8 @@ class RaftBackend(Backend):
         self._scheduled = False
         self._outstanding = 0              # requests submitted and not yet resolved (limit)
         self._inflight: set = set()        # propose tasks
+        self._untaken: set = set()         # propose tasks whose record the driver has not appended yet
+        self._armed = None                 # the driver storage task whose end flushes (group commit)
         self._closed = False
         self._view = (StateRole.FOLLOWER, 0, 0)   # (role, leader id, term) last observed
         self._ready_term = 0               # term in which we may write (warm-up done); 0 = none
@@ -225,6 +238,13 @@ class RaftBackend(Backend):
     def _on_change(self, change: drv.SoftStateChange) -> None:
         # Inside the driver's pump: only bookkeeping, listeners and task creation here.
         self.appended += change.appended
+        if change.appended and self._untaken:
+            # The driver took what was queued (one pump takes its whole queue): the
+            # next record may be formed (group commit gate, see _flush).
+            self._untaken.clear()
+            if self._pending and not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
         self._observe()
 
     def _observe(self) -> None:
@@ -435,6 +455,8 @@ class RaftBackend(Backend):
             "raft_records": self.records,
             "raft_requests": self.requests,
             "raft_max_batch": self.max_batch,
+            "raft_outstanding_requests": self._outstanding,
+            "raft_gathering_requests": sum(len(p[0]) for p in self._pending),
             "raft_leader_appended": self.appended,
             "raft_syncs": d.stats.syncs,
             "raft_snapshots_created": d.stats.snapshots_created,
@@ -510,11 +532,35 @@ class RaftBackend(Backend):
             except asyncio.TimeoutError:
                 pass
 
+    def _gathering(self) -> bool:
+        """Group commit gate: True while a new record would only wait in the driver
+        (its storage is busy, or a record of ours is queued there and not yet appended).
+        Arms the wake-up that flushes once the driver can take a proposal."""
+        if self._untaken:
+            return True                   # on_change (appended) or the propose ending reopens
+        d = self.driver
+        if not d.busy:
+            return False
+        task = d.task
+        if task is None or task.done():
+            return False                  # cannot be woken: do not wait
+        if task is not self._armed:
+            self._armed = task
+            task.add_done_callback(self._on_storage_free)
+        return True
+
+    def _on_storage_free(self, task) -> None:
+        if self._armed is task:
+            self._armed = None
+        if self._pending and not self._scheduled:
+            self._flush()
+
     def _flush(self) -> None:
-        """Everything gathered since the last flush, as few records as fit."""
+        """Everything gathered, as few records as fit; while the driver cannot take
+        a proposal yet (_gathering), only full records go now and the rest waits."""
         self._scheduled = False
-        pending, self._pending = self._pending, []
-        pending = [p for p in pending if not p[2].done()]
+        pending = [p for p in self._pending if not p[2].done()]
+        self._pending = []
         if not pending:
             return
         if not self._writable():
@@ -524,6 +570,7 @@ class RaftBackend(Backend):
                 if not fut.done():
                     fut.set_exception(exc)
             return
+        gathering = self._gathering()
         i = 0
         while i < len(pending):
             j, n, size = i, 0, RECORD_OVERHEAD
@@ -532,6 +579,9 @@ class RaftBackend(Backend):
                 n += len(pending[j][0])
                 size += pending[j][1]
                 j += 1
+            if gathering and j == len(pending):
+                self._pending = pending[i:]   # not full: keeps gathering until the gate opens
+                return
             self._propose_group(pending[i:j])
             i = j
 
@@ -545,7 +595,16 @@ class RaftBackend(Backend):
         self.max_batch = max(self.max_batch, len(requests))
         task = asyncio.get_running_loop().create_task(self._propose(data, group))
         self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+        self._untaken.add(task)
+        task.add_done_callback(self._proposal_ended)
+
+    def _proposal_ended(self, task) -> None:
+        self._inflight.discard(task)
+        if task in self._untaken:         # resolved without an append being reported (refused)
+            self._untaken.discard(task)
+            if not self._untaken and self._pending and not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
 
     async def _propose(self, data: bytes, group) -> None:
         try:

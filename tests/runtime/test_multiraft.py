@@ -78,8 +78,8 @@ def test_fifty_groups_elect_leaders_and_stay_quiet_when_idle(tmp_path, run):
             print(f"\nidle: 3 nodes x {len(GROUPS)} groups, {ticks} node-ticks in {wall:.2f}s, "
                   f"CPU {cpu * 1e3:.0f} ms = {per_tick_us:.0f} us per node-tick "
                   f"({per_tick_us / len(GROUPS):.1f} us per group-tick), {sends} sends carrying {msgs} messages")
-            assert per_tick_us < 20_000  # far below a 20 ms tick: the loop is mostly asleep
-            assert cpu / wall < 0.5
+            # The CPU figures above are informative only: speed is measured in bench/, never
+            # asserted here (a loaded CI machine must not fail a correct build).
             # Every group still takes writes.
             res = await asyncio.gather(*(c.g(leaders[gid], gid).propose(b"k=%d" % gid, 10) for gid in GROUPS))
             assert all(r >= 3 for r in res)
