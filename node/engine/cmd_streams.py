@@ -183,7 +183,7 @@ def xadd(db, argv, now_ms):
         raise CommandError(_ERR_EXHAUSTED)
     sid = _new_entry_id(target, args, now_ms)
     fields = argv[field_pos:]
-    if sum(len(f) for f in fields) > ENTRY_MAX_BYTES:
+    if sum(map(len, fields)) > ENTRY_MAX_BYTES:
         raise CommandError(_ERR_TOO_LARGE)
 
     # Everything is checked: from here on the command succeeds.

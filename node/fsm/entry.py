@@ -139,21 +139,30 @@ def request_size(req: Request) -> int:
     """The bytes `req` takes in a record. Raises EntryTooLarge for the limits a
     client can hit, so the leader refuses one oversized request before
     batching it with others (a batch must stay <= MAX_RECORD_BYTES)."""
-    if len(req.commands) > MAX_TXN_COMMANDS:
+    commands = req.commands
+    if len(commands) > MAX_TXN_COMMANDS:
         raise EntryTooLarge("ERR xraft: transaction of %d commands (limit %d)"
-                            % (len(req.commands), MAX_TXN_COMMANDS))
+                            % (len(commands), MAX_TXN_COMMANDS))
     size = _REQ.size
-    for argv in req.commands:
-        if not 1 <= len(argv) <= MAX_ARGC:
-            raise EntryTooLarge("ERR xraft: command with %d arguments (1..%d)" % (len(argv), MAX_ARGC))
-        size += 4 + 4 * len(argv)
-        for arg in argv:
-            if len(arg) > MAX_ARG_BYTES:
-                raise EntryTooLarge("ERR xraft: argument of %d bytes (limit %d)" % (len(arg), MAX_ARG_BYTES))
-            size += len(arg)
+    for argv in commands:
+        argc = len(argv)
+        if not 1 <= argc <= MAX_ARGC:
+            raise EntryTooLarge("ERR xraft: command with %d arguments (1..%d)" % (argc, MAX_ARGC))
+        total = sum(map(len, argv))
+        if total > MAX_ARG_BYTES:
+            # Some argument may be over the limit: the first one is named (in order).
+            for arg in argv:
+                if len(arg) > MAX_ARG_BYTES:
+                    raise EntryTooLarge("ERR xraft: argument of %d bytes (limit %d)"
+                                        % (len(arg), MAX_ARG_BYTES))
+        size += 4 + 4 * argc + total
     if size + RECORD_OVERHEAD > MAX_RECORD_BYTES:
         raise EntryTooLarge("ERR xraft: request larger than %d bytes" % (MAX_RECORD_BYTES - RECORD_OVERHEAD))
     return size
+
+
+# Length prefixes of the short arguments, packed once (encode_record's hot loop).
+_SMALL_LENS = tuple(_U32.pack(n) for n in range(4096))
 
 
 def encode_record(now_ms: int, requests) -> bytes:
@@ -165,6 +174,7 @@ def encode_record(now_ms: int, requests) -> bytes:
     if len(requests) > MAX_REQUESTS:
         raise EntryTooLarge("ERR xraft: %d requests in one entry (limit %d)" % (len(requests), MAX_REQUESTS))
     out = [_HEAD.pack(MAGIC, VERSION, 0, now_ms, len(requests))]
+    append, pack, small = out.append, _U32.pack, _SMALL_LENS
     size = RECORD_OVERHEAD
     for req in requests:
         size += request_size(req)          # limits first: nothing is built for an oversized request
@@ -174,11 +184,15 @@ def encode_record(now_ms: int, requests) -> bytes:
         invariant(why is None, "bad request: %s" % why)
         out.append(_REQ.pack(req.client_id, req.seq, req.kind, len(req.commands)))
         for argv in req.commands:
-            out.append(_U32.pack(len(argv)))
+            append(small[len(argv)] if len(argv) < 4096 else pack(len(argv)))
             for arg in argv:
-                invariant(isinstance(arg, (bytes, bytearray)), "arguments are bytes")
-                out.append(_U32.pack(len(arg)))
-                out.append(bytes(arg))
+                t = type(arg)
+                if t is not bytes:
+                    invariant(t is bytearray or isinstance(arg, (bytes, bytearray)), "arguments are bytes")
+                    arg = bytes(arg)
+                n = len(arg)
+                append(small[n] if n < 4096 else pack(n))
+                append(arg)
     body = b"".join(out)
     invariant(len(body) + _CRC == size, "record size bookkeeping")
     return body + _U32.pack(zlib.crc32(body))
@@ -252,22 +266,22 @@ def decode_record(data) -> Record:
     return Record(now_ms, tuple(requests))
 
 
-def _decode_command(data: bytes, pos: int, end: int):
+def _decode_command(data: bytes, pos: int, end: int, _unpack=_U32.unpack_from):
     if end - pos < 4:
         raise CorruptEntry("argc runs past the end")
-    argc = _U32.unpack_from(data, pos)[0]
+    argc = _unpack(data, pos)[0]
     pos += 4
     if not 1 <= argc <= MAX_ARGC or argc * 4 > end - pos:
         raise CorruptEntry("bad argument count %d" % argc)
     argv = []
+    append = argv.append
     for _ in range(argc):
         if end - pos < 4:
             raise CorruptEntry("argument length runs past the end")
-        n = _U32.unpack_from(data, pos)[0]
+        n = _unpack(data, pos)[0]
         pos += 4
-        if n > MAX_ARG_BYTES or n > end - pos:
+        if n > end - pos or n > MAX_ARG_BYTES:
             raise CorruptEntry("argument of %d bytes runs past the end" % n)
-        argv.append(data[pos:pos + n])
+        append(data[pos:pos + n])
         pos += n
     return tuple(argv), pos
-

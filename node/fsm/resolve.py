@@ -51,7 +51,7 @@ from ..engine.errors import EngineError, wrong_arity
 from ..invariant import invariant
 from .blocking import BlockingPlan, plan_blocking
 from .config_set import parse_config_set
-from .entry import MAX_NOW_MS, Request, encode_record, peek_now_ms, request_size
+from .entry import MAX_NOW_MS, Kind, Request, encode_record, peek_now_ms, request_size
 from .errors import ExecAbort, NotAWrite
 
 
@@ -98,7 +98,7 @@ def resolve_command(client_id: int, seq: int, argv) -> Resolved:
 
     Raises the engine's EngineError (unknown command, arity, a blocking form's
     bad timeout ...), NotAWrite for a read, EntryTooLarge for oversize."""
-    argv = tuple(bytes(a) for a in argv)
+    argv = tuple(map(bytes, argv))
     queue_check(argv)                         # the same checks, CONFIG SET's arity included
     if is_config_set(argv):
         return Resolved(resolve_config_set(client_id, seq, argv), None)
@@ -134,13 +134,19 @@ def resolve_transaction(client_id: int, seq: int, argvs) -> Request:
     arity) discards the transaction with EXECABORT, as redis does; the server
     has already replied that error when the command was queued. Reads and
     blocking forms are allowed: inside MULTI redis runs them without blocking."""
-    argvs = tuple(tuple(bytes(a) for a in argv) for argv in argvs)
-    for argv in argvs:
+    argvs = tuple(tuple(map(bytes, argv)) for argv in argvs)
+    passed = set()            # (name, argc) of non-CONFIG commands that passed: same name and
+    for argv in argvs:        # argument count, same verdict (lookup reads nothing else)
+        key = (argv[0], len(argv)) if argv else None
+        if key in passed:
+            continue
         try:
             queue_check(argv)
         except EngineError:
             raise ExecAbort() from None
-    request = Request.multi(client_id, seq, argvs)
+        if key is not None and argv[0].lower() != b"config":
+            passed.add(key)
+    request = Request(client_id, seq, Kind.MULTI, argvs)
     request_size(request)
     return request
 

@@ -150,12 +150,20 @@ class StateMachine:
         Blocking forms do not block inside MULTI: they reply at once when they
         have nothing to serve (redis CLIENT_DENY_BLOCKING; blocking.reply_in_multi)."""
         specs = []
-        for argv in commands:
-            try:
-                queue_check(argv)
-            except EngineError:
-                return ExecAbort()
-            specs.append(None if is_config_set(argv) else lookup(argv))
+        known = {}          # (name, argc) -> spec of a non-CONFIG command that passed queue_check:
+        for argv in commands:   # its verdict and spec depend on nothing else (commands.lookup)
+            key = (argv[0], len(argv)) if argv else None
+            spec = known.get(key)
+            if spec is None:
+                try:
+                    queue_check(argv)
+                except EngineError:
+                    return ExecAbort()
+                if not is_config_set(argv):
+                    spec = lookup(argv)
+                    if argv[0].lower() != b"config":
+                        known[key] = spec
+            specs.append(spec)
         replies = []
         for spec, argv in zip(specs, commands):
             argv = list(argv)

@@ -310,12 +310,20 @@ class XRaftService(pb_grpc.XRaftServicer):
             argvs = cv.xadd_argvs(request)
             results = [None] * len(argvs)
             ok = []                            # indexes that passed the queue-time checks
-            for i, argv in enumerate(argvs):
-                try:
-                    queue_check(argv)          # arity: that entry fails alone, as it would alone
+            verdicts = {}                      # argc -> None or its error: every argv is XADD ...,
+            for i, argv in enumerate(argvs):   # so the check reads nothing but the length
+                n = len(argv)
+                if n not in verdicts:
+                    try:
+                        queue_check(argv)      # arity: that entry fails alone, as it would alone
+                        verdicts[n] = None
+                    except EngineError as e:
+                        verdicts[n] = e
+                err = verdicts[n]
+                if err is None:
                     ok.append(i)
-                except EngineError as e:
-                    results[i] = e
+                else:
+                    results[i] = err
             if ok and call.client_id:
                 # One at-most-once slot for the whole batch: a MULTI whose
                 # per-command errors stay per entry (none undoes the others).
@@ -328,13 +336,19 @@ class XRaftService(pb_grpc.XRaftServicer):
             for i, reply in zip(ok, replies if ok else ()):
                 results[i] = reply
             out = pb.XAddResponse()
+            add = out.results.add
             for r in results:
-                if isinstance(r, EngineError):
-                    out.results.add(error=self._detail(r, call)[1])
+                if type(r) is bytes:
+                    ms, _, seq = r.partition(b"-")    # cv.parse_id, set in place
+                    sid = add().id
+                    sid.ms = int(ms)
+                    sid.seq = int(seq or b"0")
+                elif isinstance(r, EngineError):
+                    add(error=self._detail(r, call)[1])
                 elif r is None:
-                    out.results.add(skipped=True)
+                    add(skipped=True)
                 else:
-                    out.results.add(id=cv.parse_id(r))
+                    add(id=cv.parse_id(r))
             return out
         return await self._handle(request, context, body)
 
