@@ -30,9 +30,10 @@ entries are `sensor-id 1234 temperature 19.8` everywhere):
    really in flight, as in the floor); the default client is printed too;
 4. consumer group through `Consume`: preload entries first (100,000; --quick
    5,000), then one session with max_batch=100 acking each 100 deliveries
-   with one ack message (one ack in flight: see sdk_consume); entries/s from
-   the first delivery to the last ack confirmed. Again with max_batch=1000
-   through a second group over the same entries;
+   with one ack message, up to 8 acks in flight (see sdk_consume); entries/s
+   from the first delivery to the last ack confirmed (all n confirmed and 0
+   left pending, else the run fails). Again with max_batch=1000 through a
+   second group over the same entries;
 5. `redis-benchmark -n N -c 50 -P 16 XADD bench * f v` against the leader's
    RESP port and against the redis primary;
 6. failover: a sequential SDK writer runs; the leader gets SIGKILL; the
@@ -370,24 +371,35 @@ async def sdk_preload(seeds, key: str, n: int) -> None:
         await asyncio.gather(*(loader() for _ in range(BATCH_CONCURRENCY)))
 
 
-async def sdk_consume(seeds, key: str, n: int, group: str = "g", batch: int = BATCH) -> dict:
+async def sdk_consume(seeds, key: str, n: int, group: str = "g", batch: int = BATCH, acks_in_flight: int = 8,
+                      max_unacked: int = 0) -> dict:
     """A new group reads the n preloaded entries through one Consume session
-    (max_batch=batch), acking each `batch` ids with one ack message. Acks go
-    from one acker task, one message in flight at a time, while deliveries keep
-    flowing: ConsumerSession.ack() calls must not overlap (each writes to the
-    gRPC stream, and grpc.aio fails a write issued while another is pending;
-    the SDK drops that ack silently and the session stalls with its window
-    full). Returns rate (entries acked per s, first delivery to last confirmed
-    ack), acked, pending (XPENDING after), stalled: if nothing moved for
-    CONSUME_STALL_S the session is abandoned and the rate is taken up to the
-    last progress (the stall is reported, not hidden in a lower figure)."""
+    (max_batch=batch, the server's default window of 1,000 unacked), acking
+    each `batch` ids with one ack message, as a consumer that processes a batch
+    and acks it without waiting would: up to `acks_in_flight` ack() calls
+    overlap (ConsumerSession.ack() may be called concurrently; its one writer
+    task sends them in order), while deliveries keep flowing. Returns rate
+    (entries acked per s, from the first delivery to the last CONFIRMED ack),
+    acked (the sum of the confirmed acks' counts: n, else RuntimeError),
+    pending (XPENDING after: 0, else RuntimeError), stalled: if nothing moved
+    for CONSUME_STALL_S the session is abandoned and the rate is taken up to
+    the last progress (the stall is reported, not hidden in a lower figure)."""
     async with Client(seeds) as c:
         await c.xgroup_create(key, group, id="0")
-        session = c.consume([key], group, "worker", max_batch=batch)
-        to_ack: asyncio.Queue = asyncio.Queue()
-        st = {"delivered": 0, "acked": 0, "t0": None, "last": time.perf_counter()}
+        session = c.consume([key], group, "worker", max_batch=batch, max_unacked=max_unacked)
+        room = asyncio.Semaphore(acks_in_flight)
+        acking: set = set()
+        st = {"delivered": 0, "acked": 0, "t0": None, "last": time.perf_counter(), "last_ack": None}
 
-        async def drain():
+        async def ack(ids):
+            try:
+                acked = await session.ack(key, ids)      # (not `+= await`: it would read before awaiting)
+                st["acked"] += acked
+                st["last"] = st["last_ack"] = time.perf_counter()
+            finally:
+                room.release()
+
+        async def consume():
             ids = []
             async for d in session:
                 now = time.perf_counter()
@@ -396,38 +408,37 @@ async def sdk_consume(seeds, key: str, n: int, group: str = "g", batch: int = BA
                 st["delivered"] += 1
                 ids.append(d.id)
                 if len(ids) == batch or st["delivered"] == n:
-                    to_ack.put_nowait(ids)
+                    await room.acquire()
+                    t = asyncio.ensure_future(ack(ids))
+                    acking.add(t)
+                    t.add_done_callback(acking.discard)
                     ids = []
                 if st["delivered"] >= n:
-                    to_ack.put_nowait(None)
-                    return
-
-        async def acker():
-            while (ids := await to_ack.get()) is not None:
-                st["acked"] += await session.ack(key, ids)
-                st["last"] = time.perf_counter()
+                    break
+            while acking:                          # the last acks' confirmations (failures raise here)
+                await asyncio.gather(*acking)
 
         stalled = None
-        tasks = [asyncio.ensure_future(drain()), asyncio.ensure_future(acker())]
+        task = asyncio.ensure_future(consume())
         try:
-            while not all(t.done() for t in tasks):
+            while not task.done():
                 await asyncio.sleep(0.05)
-                if any(t.done() and t.exception() for t in tasks):
-                    break
                 if time.perf_counter() - st["last"] > CONSUME_STALL_S:
                     stalled = (f"no delivery or ack confirmation for {CONSUME_STALL_S:g} s after "
                                f"{st['delivered']:,} delivered, {st['acked']:,} acked")
                     break
-            for t in tasks:
-                if t.done():
-                    t.result()                     # a failed session fails the run
+            if task.done():
+                task.result()                      # a failed session fails the run
         finally:
-            for t in tasks:
+            for t in (task, *acking):
                 t.cancel()
+            await asyncio.gather(task, *acking, return_exceptions=True)
             await session.close()
-            await asyncio.gather(*tasks, return_exceptions=True)
         pending = (await c.xpending(key, group)).count
-    elapsed = st["last"] - (st["t0"] or st["last"])
+    if not stalled and (st["acked"] != n or pending):
+        raise RuntimeError(f"consume: {st['acked']:,} of {n:,} acked, {pending:,} left pending")
+    end = st["last_ack"] or st["t0"]
+    elapsed = end - st["t0"] if st["t0"] is not None else 0.0
     return {"rate": st["acked"] / elapsed if elapsed > 0 else 0.0, "acked": st["acked"], "pending": pending,
             "stalled": stalled}
 

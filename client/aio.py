@@ -54,7 +54,7 @@ from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 from .commands import Commands
 from .errors import (DeadlineExceededError, NotLeaderError, ReplyNotKeptError, StaleRequestError, UnavailableError,
                      UnknownOutcomeError, WriteDeadlineError, XRaftError, detail_of, from_rpc_error)
-from .types import StreamEntry, StreamID, streams_from_pb, to_bytes
+from .types import StreamEntry, StreamID, to_bytes
 
 REQUEST_ID_KEY = "xraft-request-id"       # metadata: "<client_id>:<seq>" (the server dedups on it)
 DEDUP_WINDOW = 1024                        # = fsm sessions DEFAULT_RESULTS_PER_CLIENT (tests compare them)
@@ -409,7 +409,7 @@ def _out_of_time(last: XRaftError | None, uncertain: bool) -> XRaftError:
     return err
 
 
-@dataclass
+@dataclass(slots=True)
 class Delivery:
     """One entry delivered to this consumer; ack() it once processed."""
     key: bytes
@@ -445,7 +445,8 @@ class ConsumerSession:
     def __init__(self, client: Client, start: pb.ConsumeStart):
         self._client = client
         self._start = start
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._queue: asyncio.Queue = asyncio.Queue()  # lists of Delivery (one per message), then the end
+        self._ready: collections.deque = collections.deque()   # the current list's Deliveries not yet yielded
         self._acks: dict[int, tuple] = {}          # ack_seq -> (key, ids, future), unconfirmed, in order
         self._ack_seq = 0
         self._ack_room = None                      # semaphore of MAX_ACKS_IN_FLIGHT, made on first use
@@ -466,6 +467,8 @@ class ConsumerSession:
         return self
 
     async def __anext__(self) -> Delivery:
+        if self._ready:
+            return self._ready.popleft()
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
         item = await self._queue.get()
@@ -474,7 +477,8 @@ class ConsumerSession:
             if isinstance(item, _Closed):
                 raise StopAsyncIteration
             raise item
-        return item
+        self._ready.extend(item)                   # never empty
+        return self._ready.popleft()
 
     async def ack(self, key, ids) -> int:
         """XACK through the stream; the number of IDs that were pending.
@@ -508,9 +512,14 @@ class ConsumerSession:
             if pending is None:
                 continue                           # confirmed meanwhile
             key, ids, _ = pending
+            req = pb.ConsumeRequest()
+            ack = req.ack
+            ack.key, ack.ack_seq = key, seq
+            add = ack.ids.add
+            for i in ids:
+                add(ms=i.ms, seq=i.seq)
             try:
-                await call.write(pb.ConsumeRequest(ack=pb.ConsumeAck(key=key, ids=[i.to_pb() for i in ids],
-                                                                     ack_seq=seq)))
+                await call.write(req)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the stream is unusable: end it, resend on the next
@@ -541,9 +550,9 @@ class ConsumerSession:
                         if pending is not None and not pending[2].done():
                             pending[2].set_result(resp.ack_result.acked)
                         continue
-                    for key, entries in streams_from_pb(resp.delivery.streams).items():
-                        for entry in entries:
-                            self._queue.put_nowait(Delivery(key, entry, self))
+                    batch = self._deliveries(resp.delivery.streams)
+                    if batch:
+                        self._queue.put_nowait(batch)
                 self._finish(_Closed())
                 return
             except grpc.aio.AioRpcError as e:
@@ -580,6 +589,19 @@ class ConsumerSession:
             if not client._observe_failure(address, err):
                 await asyncio.sleep(client._sleep_for(attempt, err))
                 attempt += 1
+
+    def _deliveries(self, streams) -> list:
+        """One delivery message's entries as Delivery objects, in order (what
+        types.streams_from_pb builds, without the intermediate dict)."""
+        out = []
+        append = out.append
+        for s in streams:
+            key = s.key
+            for m in s.entries:
+                sid = m.id
+                append(Delivery(key, StreamEntry(StreamID(sid.ms, sid.seq),
+                                                 tuple([(f.name, f.value) for f in m.fields]), m.deleted), self))
+        return out
 
     def _finish(self, exc: BaseException) -> None:
         if self._ended is None:

@@ -44,22 +44,33 @@ class Commands:
         (ID "*") or (id, fields) pairs. One result per entry: StreamID, None
         (NOMKSTREAM), or the entry's XRaftError (returned, not raised, unless
         `raise_errors`): one entry's failure does not undo the others."""
-        items = []
-        for e in entries:
-            if isinstance(e, tuple) and len(e) == 2 and not isinstance(e[1], (bytes, str)):
-                items.append(xadd_entry_to_pb(e[1], e[0]))
-            else:
-                items.append(xadd_entry_to_pb(e))
-        req = pb.XAddRequest(key=to_bytes(key), entries=items, no_mkstream=nomkstream)
+        req = pb.XAddRequest(key=to_bytes(key), no_mkstream=nomkstream)
         trim = trim_to_pb(maxlen, minid, approximate, limit)
         if trim is not None:
             req.trim.CopyFrom(trim)
+        # Entries are built in place in the request (a message passed to a
+        # repeated field is copied), bytes as they are: this runs per entry.
+        add = req.entries.add
+        for e in entries:
+            if isinstance(e, tuple) and len(e) == 2 and not isinstance(e[1], (bytes, str)):
+                id, fields = e[0], e[1]
+            else:
+                id, fields = "*", e
+            if id != "*" and id != b"*":
+                req.entries.append(xadd_entry_to_pb(fields, id))     # "<ms>-*" or an exact ID
+                continue
+            put = add().fields.add
+            for k, v in (fields.items() if isinstance(fields, dict) else fields):
+                put(name=k if k.__class__ is bytes else to_bytes(k),
+                    value=v if v.__class__ is bytes else to_bytes(v))
         resp = await self._unary("XAdd", req, write=True, timeout=timeout)
         out = []
+        new_id = StreamID
         for r in resp.results:
             kind = r.WhichOneof("outcome")
             if kind == "id":
-                out.append(StreamID.from_pb(r.id))
+                sid = r.id
+                out.append(new_id(sid.ms, sid.seq))
             elif kind == "skipped":
                 out.append(None)
             else:

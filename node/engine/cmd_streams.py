@@ -12,7 +12,7 @@ Time: XADD `*` and `<ms>-*` are the only time-dependent forms; the time is the
 from dataclasses import dataclass
 
 from .commands import BLOCKING, READONLY, WRITE, command
-from .errors import NO_SUCH_KEY, CommandError, syntax_error, wrong_arity
+from .errors import NO_SUCH_KEY, CommandError, WrongTypeError, not_integer, syntax_error, wrong_arity
 from ..invariant import invariant
 from .replies import NULL_ARRAY, OK, PairMap, WouldBlock
 from .stream import Stream
@@ -193,6 +193,131 @@ def xadd(db, argv, now_ms):
     _trim(target, args)
     db.signal_ready(key)
     return format_id(sid)
+
+
+# -- XADD of many entries -----------------------------------------------------
+
+# The ID argument of one entry of xadd_many.
+ID_AUTO = 0                                         # "*"
+ID_AUTO_SEQ = 1                                     # "<ms>-*"
+ID_EXPLICIT = 2                                     # "<ms>-<seq>"
+_INT64_MAX = (1 << 63) - 1
+_new_sid = tuple.__new__                            # StreamID(ms, seq) without the __new__ frame
+
+
+def xadd_trim_args(strategy, approx: bool, threshold, limit, node_max_entries: int) -> AddTrimArgs:
+    """What parse_add_or_trim_args gives (or raises) for XADD's options written
+    out as `[MAXLEN|MINID [~] <threshold> [LIMIT <limit>]]`: strategy None,
+    MAXLEN or MINID; threshold a uint64 count or a (ms, seq) pair; limit None
+    when not given. The checks, their texts and their order are redis's."""
+    args = AddTrimArgs()
+    if strategy is None:
+        invariant(not approx and limit is None, "trim details without a strategy")
+        return args
+    invariant(strategy in (MAXLEN, MINID), "unknown trim strategy %r" % (strategy,))
+    args.strategy = strategy
+    args.approx = bool(approx)
+    if strategy == MAXLEN:
+        if threshold > _INT64_MAX:                  # parse_int of its decimal text
+            raise not_integer()
+        args.maxlen = threshold
+    else:
+        args.minid = StreamID(*threshold)
+    if limit is not None:
+        if limit > _INT64_MAX:
+            raise not_integer()
+        if not args.approx:
+            raise CommandError("ERR syntax error, LIMIT cannot be used without the special ~ option")
+        args.limit = limit
+    elif args.approx:
+        args.limit = min(100 * node_max_entries if node_max_entries > 0 else 10000, 1000000)
+    return args
+
+
+def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False, strategy=None,
+              approx: bool = False, threshold=0, limit=None) -> list:
+    """`XADD key [NOMKSTREAM] [trim options] <id> <fields>` for each of `entries`
+    ((id_kind, ms, seq, fields): ID_AUTO with ms = seq = 0, ID_AUTO_SEQ with
+    seq = 0, ID_EXPLICIT; fields a flat f1 v1 ... of at least one pair), in
+    order, as in one MULTI: one result per entry, the XADD reply or that
+    entry's EngineError. Same checks in the same order as `xadd`, same state
+    afterwards, byte for byte (trimmed after each append); the options are
+    parsed, and the key looked up, once."""
+    n = len(entries)
+    try:
+        args = xadd_trim_args(strategy, approx, threshold, limit, db.config.stream_node_max_entries)
+    except CommandError as e:
+        return [e] * n                              # every XADD fails its option parse alike
+    try:
+        stream = lookup_stream(db, key)
+        wrong_type = None
+    except WrongTypeError as e:
+        stream, wrong_type = None, e                # nothing below changes the key's type
+    # Per entry, the checks of `xadd` in its order: 0-0, WRONGTYPE, NOMKSTREAM,
+    # exhausted, the ID rules, the size. A new stream is stored with its first entry.
+    skip = wrong_type if wrong_type is not None else (None if stream is None and no_mkstream else False)
+    target = stream if stream is not None else Stream()
+    stored = stream is not None
+    cfg = db.config
+    node_bytes, node_entries = cfg.stream_node_max_bytes, cfg.stream_node_max_entries
+    trim = target.trim if args.strategy is not None else None
+    trim_args = (args.strategy, args.threshold, args.approx, args.limit)
+    sid_cls, new_sid, append_entry = StreamID, _new_sid, target.append
+    invariant(0 <= now_ms <= UINT64_MAX, "now_ms is a uint64 millisecond time")
+    added_before = target.entries_added
+    out = []
+    add = out.append
+    for kind, ms, seq, fields in entries:
+        if kind == ID_EXPLICIT and not ms and not seq:
+            add(CommandError(_ERR_ID_ZERO))
+            continue
+        if skip is not False:
+            add(skip)                               # WRONGTYPE, or None (NOMKSTREAM, no stream)
+            continue
+        lms, lseq = target.last_id
+        if kind == ID_AUTO:                         # Stream.next_auto_id: always above last_id
+            if now_ms > lms:
+                ms, seq = now_ms, 0
+            elif lseq < UINT64_MAX:
+                ms, seq = lms, lseq + 1
+            elif lms < UINT64_MAX:
+                ms, seq = lms + 1, 0
+            else:
+                add(CommandError(_ERR_EXHAUSTED))   # last_id == MAX_ID
+                continue
+        else:
+            if lms == UINT64_MAX and lseq == UINT64_MAX:
+                add(CommandError(_ERR_EXHAUSTED))
+                continue
+            if kind == ID_AUTO_SEQ:                 # `_new_entry_id`'s <ms>-* rules
+                if ms == lms:
+                    if lseq == UINT64_MAX:
+                        add(CommandError(_ERR_TOO_LARGE))
+                        continue
+                    seq = lseq + 1
+                else:
+                    seq = 0
+            else:
+                invariant(kind == ID_EXPLICIT, "unknown ID kind %r" % (kind,))
+            if ms < lms or (ms == lms and seq <= lseq):
+                add(CommandError(_ERR_ID_TOO_SMALL))
+                continue
+        if fields.__class__ is not list:
+            fields = list(fields)                   # Stream.append compares field names as lists
+        if sum(map(len, fields)) > ENTRY_MAX_BYTES:
+            add(CommandError(_ERR_TOO_LARGE))
+            continue
+        # Everything is checked: from here on this XADD succeeds.
+        if not stored:
+            db.set(key, target)
+            stored = True
+        append_entry(new_sid(sid_cls, (ms, seq)), fields, node_bytes, node_entries)
+        if trim is not None:
+            trim(*trim_args)
+        add(b"%d-%d" % (ms, seq))
+    if target.entries_added != added_before:
+        db.signal_ready(key)
+    return out
 
 
 # -- XRANGE / XREVRANGE / XLEN ------------------------------------------------

@@ -152,6 +152,8 @@ def _int_entry(v: int) -> bytes:
 
 # -4096..4095 covers the stream layer's flags, counts and small ID deltas.
 _SMALL_INT = [_int_entry(v) for v in range(-4096, 4096)]
+# lp_encode(v) of -4096 <= v <= 4095 is LP_SMALL_INT[v + 4096]: for hot paths that skip the call.
+LP_SMALL_INT = _SMALL_INT
 _STR6_HEAD = [bytes((0x80 | n,)) for n in range(64)]
 
 
@@ -191,26 +193,32 @@ def _str_entry(s: bytes) -> bytes:
 
 def lp_encode(ele) -> bytes:
     """One complete entry (encoding + data + backlen) as redis would write it."""
+    if ele.__class__ is bytes:                # the stream hot path first
+        n = len(ele)
+        if 0 < n <= 20:
+            c = ele[0]
+            if 49 <= c <= 57:                 # '1'..'9': an integer iff all digits and in range
+                if ele.isdigit():             # (string_to_int64's first case, inlined)
+                    v = int(ele)
+                    if v <= 4095:
+                        return _SMALL_INT[v + 4096]
+                    if v <= _INT64_MAX:
+                        return _int_entry(v)
+            elif c == 48 or c == 45:          # "0" or "-...": may spell an integer, check exactly
+                v = string_to_int64(ele)
+                if v is not None:
+                    if -4096 <= v <= 4095:
+                        return _SMALL_INT[v + 4096]
+                    return _int_entry(v)
+            return _STR6_HEAD[n] + ele + _BACKLEN[n + 1]
+        return _str_entry(ele)
     if ele.__class__ is int:
         if -4096 <= ele <= 4095:
             return _SMALL_INT[ele + 4096]
         return _int_entry(ele)
-    if ele.__class__ is not bytes:
-        invariant(isinstance(ele, (bytes, bytearray, memoryview, int)) and not isinstance(ele, bool),
-                  "listpack element must be bytes or int, not %s" % type(ele).__name__)
-        ele = int(ele) if isinstance(ele, int) else bytes(ele)
-        return lp_encode(ele)
-    n = len(ele)
-    if n <= 20 and n:
-        c = ele[0]
-        if 48 <= c <= 57 or c == 45:     # could spell an integer: check exactly
-            v = string_to_int64(ele)
-            if v is not None:
-                if -4096 <= v <= 4095:
-                    return _SMALL_INT[v + 4096]
-                return _int_entry(v)
-        return _STR6_HEAD[n] + ele + _BACKLEN[n + 1]
-    return _str_entry(ele)
+    invariant(isinstance(ele, (bytes, bytearray, memoryview, int)) and not isinstance(ele, bool),
+              "listpack element must be bytes or int, not %s" % type(ele).__name__)
+    return lp_encode(int(ele) if isinstance(ele, int) else bytes(ele))
 
 
 # ---------------------------------------------------------------- decoding

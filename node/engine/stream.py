@@ -67,8 +67,8 @@ import zlib
 from ..invariant import invariant
 from .keyspace import register_type
 from .listpack import (
-    LP_HDR_SIZE, CorruptListpack, lp_append_many, lp_decode_all, lp_encode, lp_first, lp_get_int,
-    lp_get_with_next, lp_last, lp_new, lp_next, lp_prev, lp_replace_int, lp_validate,
+    LP_HDR_SIZE, LP_SMALL_INT, CorruptListpack, lp_append_many, lp_decode_all, lp_encode, lp_first,
+    lp_get_int, lp_get_with_next, lp_last, lp_new, lp_next, lp_prev, lp_replace_int, lp_validate,
 )
 from .rax import Rax
 from .streamid import MAX_ID, MIN_ID, UINT64_MAX, StreamID
@@ -278,12 +278,16 @@ class Stream:
             seqd = seq - self._tail_seq
             if seqd > _I64_MAX or seqd < _I64_MIN:
                 seqd = _diff(seq, self._tail_seq)
+            # The diffs of a node's entries are small: their encodings come
+            # from the table lp_encode itself would read, without the call.
+            msd = LP_SMALL_INT[msd + 4096] if -4096 <= msd <= 4095 else lp_encode(msd)
+            seqd = LP_SMALL_INT[seqd + 4096] if -4096 <= seqd <= 4095 else lp_encode(seqd)
             if names == self._tail_names:
-                blob = b"".join([_ENC_SAMEFIELDS, lp_encode(msd), lp_encode(seqd),
-                                 *map(lp_encode, fields[1::2]), lp_encode(numfields + 3)])
+                lp_count = LP_SMALL_INT[numfields + 4099] if numfields <= 4092 else lp_encode(numfields + 3)
+                blob = b"".join([_ENC_SAMEFIELDS, msd, seqd, *map(lp_encode, fields[1::2]), lp_count])
                 _lp_extend(lp, blob, numfields + 4)
             else:
-                blob = b"".join([_ENC_NONE, lp_encode(msd), lp_encode(seqd), lp_encode(numfields),
+                blob = b"".join([_ENC_NONE, msd, seqd, lp_encode(numfields),
                                  *map(lp_encode, fields), lp_encode(nfv + 4)])
                 _lp_extend(lp, blob, nfv + 5)
             self._tail_items += 1

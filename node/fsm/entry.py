@@ -11,14 +11,27 @@ request id and its own result. All integers are big-endian.
       0      2         3          4           12         16                 len-4
 
     request
-    +---------------+---------+---------+-----------+------------------+
-    | client_id u64 | seq u64 | kind u8 | ncmd u32  | ncmd x command   |
-    +---------------+---------+---------+-----------+------------------+
+    +---------------+---------+---------+-----------+---------------------------------+
+    | client_id u64 | seq u64 | kind u8 | ncmd u32  | ncmd x command, or, for kind    |
+    |               |         |         |           | XADD_BATCH, one xadd batch      |
+    +---------------+---------+---------+-----------+---------------------------------+
 
     command (one argv)
     +----------+-----------------------------------+
     | argc u32 | argc x ( len u32 | len bytes )    |
     +----------+-----------------------------------+
+
+    xadd batch: N XADDs to one key with the same options (ncmd = N entries)
+    +---------+-----------+-----------+-----------+----------+-----------+---------------+
+    | opts u8 | thr_a u64 | thr_b u64 | limit u64 | klen u32 | key bytes | N x xentry    |
+    +---------+-----------+-----------+-----------+----------+-----------+---------------+
+    xentry (the ID part is 1, 9 or 17 bytes, by idkind)
+    +-----------+--------------------+-------------+-----------+------------------+-------------+
+    | idkind u8 | ms u64 (AUTO_SEQ,  | seq u64     | npair u32 | 2*npair x len u32| the 2*npair |
+    |           | EXPLICIT only)     | (EXPLICIT)  |           | (f1 v1 f2 v2 ..) | bytes       |
+    +-----------+--------------------+-------------+-----------+------------------+-------------+
+    It means exactly `XADD key [NOMKSTREAM] [MAXLEN|MINID [~] thr [LIMIT limit]] <id> f1 v1 ..`
+    once per xentry, in order, in one MULTI: one result per entry (fsm/xadd_batch.py).
 
 Field invariants (decode checks every one; encode refuses to write a violation):
 
@@ -34,16 +47,33 @@ Field invariants (decode checks every one; encode refuses to write a violation):
                MULTI:   0 <= ncmd <= MAX_TXN_COMMANDS (EXEC of an empty MULTI is legal)
                CONFIG:  ncmd == 1, argv[0] is CONFIG and argv[1] is SET (any case)
                NOOP:    ncmd == 0 and anonymous
+               XADD_BATCH: 1 <= ncmd <= MAX_TXN_COMMANDS entries (kind 5: added
+                        within version 1, which no record before it used)
     argc       1 <= argc <= MAX_ARGC (an empty argv is no command)
     len        <= MAX_ARG_BYTES (redis proto-max-bulk-len)
+    opts       bits NOMKSTREAM 0x01, MAXLEN 0x02, MINID 0x04, APPROX 0x08 ("~"),
+               LIMIT 0x10; no other bit; not MAXLEN and MINID both; APPROX and
+               LIMIT only with MAXLEN or MINID. ("=" is no APPROX: redis reads
+               them alike.)
+    thr_a,     MAXLEN: thr_a = the count (any u64: above 2**63-1 apply answers
+    thr_b      redis's "not an integer" error, as XADD would), thr_b == 0.
+               MINID: the ID thr_a-thr_b. Neither: both 0.
+    limit      LIMIT: any u64 (checked at apply, as redis does); otherwise 0.
+               (LIMIT without APPROX is representable: redis refuses it per entry.)
+    klen       <= MAX_ARG_BYTES; the key may be empty, as in redis
+    idkind     AUTO 0 ("*"), AUTO_SEQ 1 ("<ms>-*"), EXPLICIT 2 ("<ms>-<seq>"); no other
+    npair      1 <= npair <= MAX_ARGC // 2 (XADD needs a field; an entry without
+               fields never reaches the log: the leader answers it alone)
+    len (xe)   each <= MAX_ARG_BYTES; together they fit the bytes left
     crc32      zlib.crc32 of every byte before it: any bit flip or truncation
                is caught before a single field is trusted
     total      len(record) <= MAX_RECORD_BYTES (the Raft codec's entry limit)
 """
 import enum
+import functools
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..invariant import invariant
 from ..raft.codec import MAX_ENTRY_DATA_BYTES
@@ -65,6 +95,25 @@ _REQ = struct.Struct(">QQBI")              # client_id, seq, kind, ncmd
 _U32 = struct.Struct(">I")
 _CRC = 4
 _MIN_COMMAND = 4 + 4                       # argc=1 and one empty argument
+_XB_HEAD = struct.Struct(">BQQQI")         # opts, thr_a, thr_b, limit, klen
+_XE_AUTO_SEQ = struct.Struct(">BQ")        # idkind, ms
+_XE_EXPLICIT = struct.Struct(">BQQ")       # idkind, ms, seq
+_U64 = struct.Struct(">Q")
+_U64X2 = struct.Struct(">QQ")
+_MIN_XENTRY = 1 + 4 + 2 * 4                # AUTO, npair=1, two empty strings
+
+
+@functools.lru_cache(maxsize=256)
+def _lens_struct_of(n: int) -> struct.Struct:
+    return struct.Struct(">%dI" % n)
+
+
+_LENS_STRUCTS = tuple(_lens_struct_of(n) for n in range(64))
+
+
+def _lens_struct(n: int) -> struct.Struct:
+    """n big-endian u32s (an xentry's npair and lengths); the usual counts from a table."""
+    return _LENS_STRUCTS[n] if n < 64 else _lens_struct_of(n)
 
 
 class Kind(enum.IntEnum):
@@ -72,6 +121,108 @@ class Kind(enum.IntEnum):
     MULTI = 2       # MULTI/EXEC: several commands applied in order, atomically, in this entry
     CONFIG = 3      # CONFIG SET of engine limits (stream/list node sizes)
     NOOP = 4        # nothing; advances the applied index and the time
+    XADD_BATCH = 5  # N XADDs to one key with the same options (XAddBatch), as one MULTI
+
+
+class IdKind(enum.IntEnum):
+    """The ID argument of one XADD_BATCH entry (the byte on the wire)."""
+    AUTO = 0        # "*"
+    AUTO_SEQ = 1    # "<ms>-*"
+    EXPLICIT = 2    # "<ms>-<seq>"
+
+
+# XADD_BATCH opts bits.
+OPT_NOMKSTREAM = 0x01
+OPT_MAXLEN = 0x02
+OPT_MINID = 0x04
+OPT_APPROX = 0x08
+OPT_LIMIT = 0x10
+_OPTS_ALL = 0x1F
+
+MAXLEN = "maxlen"                          # XAddBatch.strategy values (the engine's names)
+MINID = "minid"
+
+
+@dataclass(frozen=True, slots=True)
+class XAddBatch:
+    """The payload of an XADD_BATCH request. Build it with `XAddBatch.build`
+    (which checks and encodes it once); decode_record makes the same object."""
+    key: bytes
+    no_mkstream: bool
+    strategy: str | None           # MAXLEN, MINID or None (no trimming)
+    approx: bool                   # "~"; only with a strategy
+    threshold: object              # MAXLEN: int count; MINID: (ms, seq); None: 0
+    limit: int | None              # LIMIT's value; None = no LIMIT given
+    entries: tuple                 # ((id_kind int, ms, seq, fields tuple of bytes f1 v1 ..), ...)
+    # Invariant: raw is the encoded form of everything above: the layout's
+    # "xadd batch", from opts to the last xentry. Encoded once (build) or
+    # sliced from the record (decode); sizing and encoding a record read it
+    # instead of walking the entries again.
+    raw: bytes = field(default=b"", compare=False, repr=False)
+
+    @classmethod
+    def build(cls, key, entries, *, no_mkstream: bool = False, strategy: str | None = None,
+              approx: bool = False, threshold=0, limit: int | None = None) -> "XAddBatch":
+        """A batch of `entries` ((id_kind, ms, seq, fields), fields a flat
+        sequence of bytes f1 v1 ...). A malformed batch is a caller bug
+        (invariant). Of the limits a client can reach, an entry with more
+        pairs than MAX_ARGC allows raises EntryTooLarge here; the entry count
+        and the size are request_size's business, as for any request."""
+        key = bytes(key)
+        opts = OPT_NOMKSTREAM if no_mkstream else 0
+        if strategy is None:
+            invariant(not approx and limit is None and threshold == 0, "trim details without a strategy")
+            a = b = 0
+        elif strategy == MAXLEN:
+            invariant(type(threshold) is int and 0 <= threshold <= MAX_U64, "MAXLEN out of range")
+            opts |= OPT_MAXLEN
+            a, b = threshold, 0
+        else:
+            invariant(strategy == MINID, "unknown trim strategy %r" % (strategy,))
+            a, b = threshold
+            invariant(0 <= a <= MAX_U64 and 0 <= b <= MAX_U64, "MINID out of range")
+            threshold = (a, b)
+            opts |= OPT_MINID
+        if approx:
+            opts |= OPT_APPROX
+        if limit is not None:
+            invariant(type(limit) is int and 0 <= limit <= MAX_U64, "LIMIT out of range")
+            opts |= OPT_LIMIT
+        out = [_XB_HEAD.pack(opts, a, b, limit or 0, len(key)), key]
+        append, extend = out.append, out.extend
+        items = []
+        max_pairs = MAX_ARGC // 2
+        for kind, ms, seq, fields in entries:
+            fields = tuple(fields)
+            nf = len(fields)
+            npair = nf >> 1
+            if not npair or nf & 1:
+                invariant(False, "an XADD entry needs field/value pairs")
+            if npair > max_pairs:
+                raise EntryTooLarge("ERR xraft: XADD entry with %d field/value pairs (limit %d)"
+                                    % (npair, max_pairs))
+            # (Checks written as `if`: invariant() is a call per entry even when it holds.)
+            if kind == 0:
+                if ms or seq:
+                    invariant(False, "an AUTO ID carries no numbers")
+                append(b"\x00")
+            elif kind == 1:
+                if seq or not 0 <= ms <= MAX_U64:
+                    invariant(False, "AUTO_SEQ ID out of range")
+                append(_XE_AUTO_SEQ.pack(1, ms))
+            else:
+                if kind != 2 or not (0 <= ms <= MAX_U64 and 0 <= seq <= MAX_U64):
+                    invariant(False, "bad entry ID %r %r-%r" % (kind, ms, seq))
+                append(_XE_EXPLICIT.pack(2, ms, seq))
+            lens = _LENS_STRUCTS[nf + 1] if nf < 63 else _lens_struct(nf + 1)
+            append(lens.pack(npair, *map(len, fields)))
+            extend(fields)
+            items.append((int(kind), ms, seq, fields))
+        invariant(items, "an XADD batch holds at least one entry")
+        # `out` holds the fields and bytes we packed: one C-level pass checks them all.
+        invariant(set(map(type, out)) == {bytes}, "fields are bytes")
+        return cls(key, bool(no_mkstream), strategy, bool(approx), threshold, limit, tuple(items),
+                   b"".join(out))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +230,8 @@ class Request:
     client_id: int                 # 0 = anonymous
     seq: int                       # 0 iff anonymous
     kind: Kind
-    commands: tuple                # tuple of argv tuples of bytes
+    commands: tuple                # tuple of argv tuples of bytes; () for XADD_BATCH
+    xadd: XAddBatch | None = None  # Invariant: set iff kind == XADD_BATCH
 
     @classmethod
     def command(cls, client_id: int, seq: int, argv) -> "Request":
@@ -96,6 +248,10 @@ class Request:
     @classmethod
     def noop(cls) -> "Request":
         return cls(0, 0, Kind.NOOP, ())
+
+    @classmethod
+    def xadd_batch(cls, client_id: int, seq: int, batch: XAddBatch) -> "Request":
+        return cls(client_id, seq, Kind.XADD_BATCH, (), batch)
 
     @property
     def argv(self) -> tuple:
@@ -119,6 +275,12 @@ def _shape_error(req: Request):
     if (req.client_id == 0) != (req.seq == 0):
         return "seq must be 0 exactly when client_id is 0"
     n = len(req.commands)
+    if (req.kind == Kind.XADD_BATCH) != (req.xadd is not None):
+        return "an XAddBatch is the payload of XADD_BATCH requests alone"
+    if req.kind == Kind.XADD_BATCH:
+        if n or not isinstance(req.xadd, XAddBatch) or not req.xadd.entries or not req.xadd.raw:
+            return "XADD_BATCH request without a built batch"
+        return None
     if req.kind in (Kind.COMMAND, Kind.CONFIG) and n != 1:
         return "%s request with %d commands" % (req.kind.name, n)
     if req.kind == Kind.MULTI and n > MAX_TXN_COMMANDS:
@@ -139,6 +301,14 @@ def request_size(req: Request) -> int:
     """The bytes `req` takes in a record. Raises EntryTooLarge for the limits a
     client can hit, so the leader refuses one oversized request before
     batching it with others (a batch must stay <= MAX_RECORD_BYTES)."""
+    if req.xadd is not None:
+        n = len(req.xadd.entries)
+        if n > MAX_TXN_COMMANDS:
+            raise EntryTooLarge("ERR xraft: XADD batch of %d entries (limit %d)" % (n, MAX_TXN_COMMANDS))
+        size = _REQ.size + len(req.xadd.raw)
+        if size + RECORD_OVERHEAD > MAX_RECORD_BYTES:
+            raise EntryTooLarge("ERR xraft: request larger than %d bytes" % (MAX_RECORD_BYTES - RECORD_OVERHEAD))
+        return size
     commands = req.commands
     if len(commands) > MAX_TXN_COMMANDS:
         raise EntryTooLarge("ERR xraft: transaction of %d commands (limit %d)"
@@ -182,7 +352,11 @@ def encode_record(now_ms: int, requests) -> bytes:
             raise EntryTooLarge("ERR xraft: entry larger than %d bytes" % MAX_RECORD_BYTES)
         why = _shape_error(req)
         invariant(why is None, "bad request: %s" % why)
-        out.append(_REQ.pack(req.client_id, req.seq, req.kind, len(req.commands)))
+        if req.xadd is not None:
+            append(_REQ.pack(req.client_id, req.seq, req.kind, len(req.xadd.entries)))
+            append(req.xadd.raw)
+            continue
+        append(_REQ.pack(req.client_id, req.seq, req.kind, len(req.commands)))
         for argv in req.commands:
             append(small[len(argv)] if len(argv) < 4096 else pack(len(argv)))
             for arg in argv:
@@ -250,13 +424,17 @@ def decode_record(data) -> Record:
             kind = Kind(kind_raw)
         except ValueError:
             raise CorruptEntry("unknown request kind %d" % kind_raw) from None
-        if ncmd > MAX_TXN_COMMANDS or ncmd * _MIN_COMMAND > end - pos:
-            raise CorruptEntry("bad command count %d" % ncmd)
-        commands = []
-        for _ in range(ncmd):
-            argv, pos = _decode_command(data, pos, end)
-            commands.append(argv)
-        req = Request(client_id, seq, kind, tuple(commands))
+        if kind == Kind.XADD_BATCH:
+            batch, pos = _decode_xadd_batch(data, pos, end, ncmd)
+            req = Request(client_id, seq, kind, (), batch)
+        else:
+            if ncmd > MAX_TXN_COMMANDS or ncmd * _MIN_COMMAND > end - pos:
+                raise CorruptEntry("bad command count %d" % ncmd)
+            commands = []
+            for _ in range(ncmd):
+                argv, pos = _decode_command(data, pos, end)
+                commands.append(argv)
+            req = Request(client_id, seq, kind, tuple(commands))
         why = _shape_error(req)
         if why is not None:
             raise CorruptEntry(why)
@@ -285,3 +463,85 @@ def _decode_command(data: bytes, pos: int, end: int, _unpack=_U32.unpack_from):
         append(data[pos:pos + n])
         pos += n
     return tuple(argv), pos
+
+
+def _decode_xadd_batch(data: bytes, pos: int, end: int, n: int):
+    """The XAddBatch at `pos` (n entries) and the position after it; every
+    field checked against the layout's invariants (module doc)."""
+    start = pos
+    if not 1 <= n <= MAX_TXN_COMMANDS or n * _MIN_XENTRY > end - pos - _XB_HEAD.size:
+        raise CorruptEntry("bad XADD batch entry count %d" % n)
+    opts, a, b, limit, klen = _XB_HEAD.unpack_from(data, pos)
+    pos += _XB_HEAD.size
+    if opts & ~_OPTS_ALL:
+        raise CorruptEntry("unknown XADD batch option bits %#x" % opts)
+    if opts & OPT_MAXLEN and opts & OPT_MINID:
+        raise CorruptEntry("XADD batch with both MAXLEN and MINID")
+    if opts & OPT_MAXLEN:
+        strategy, threshold = MAXLEN, a
+        if b:
+            raise CorruptEntry("XADD batch MAXLEN with a second threshold word")
+    elif opts & OPT_MINID:
+        strategy, threshold = MINID, (a, b)
+    else:
+        strategy, threshold = None, 0
+        if opts & (OPT_APPROX | OPT_LIMIT) or a or b:
+            raise CorruptEntry("XADD batch trim details without a strategy")
+    if not opts & OPT_LIMIT and limit:
+        raise CorruptEntry("XADD batch limit without LIMIT")
+    if klen > MAX_ARG_BYTES or klen > end - pos:
+        raise CorruptEntry("XADD batch key of %d bytes runs past the end" % klen)
+    key = data[pos:pos + klen]
+    pos += klen
+    entries = []
+    append = entries.append
+    unpack_u32, unpack_u64, unpack_2u64 = _U32.unpack_from, _U64.unpack_from, _U64X2.unpack_from
+    lens_struct, structs = _lens_struct, _LENS_STRUCTS
+    max_pairs = MAX_ARGC // 2
+    for _ in range(n):
+        if end - pos < _MIN_XENTRY:
+            raise CorruptEntry("XADD batch entry runs past the end")
+        kind = data[pos]
+        if kind == 0:
+            ms = sq = 0
+            pos += 1
+        elif kind == 1:
+            if end - pos < 9 + _MIN_XENTRY - 1:
+                raise CorruptEntry("XADD batch entry ID runs past the end")
+            ms = unpack_u64(data, pos + 1)[0]
+            sq = 0
+            pos += 9
+        elif kind == 2:
+            if end - pos < 17 + _MIN_XENTRY - 1:
+                raise CorruptEntry("XADD batch entry ID runs past the end")
+            ms, sq = unpack_2u64(data, pos + 1)
+            pos += 17
+        else:
+            raise CorruptEntry("unknown XADD batch ID kind %d" % kind)
+        npair = unpack_u32(data, pos)[0]
+        if not 1 <= npair <= max_pairs or 8 * npair > end - pos - 4:
+            raise CorruptEntry("bad XADD batch pair count %d" % npair)
+        nf = 2 * npair
+        lens = (structs[nf] if nf < 64 else lens_struct(nf)).unpack_from(data, pos + 4)
+        pos += 4 + 8 * npair
+        total = sum(lens)
+        if total > end - pos or (total > MAX_ARG_BYTES and max(lens) > MAX_ARG_BYTES):
+            raise CorruptEntry("XADD batch fields of %d bytes run past the end" % total)
+        if npair == 2:                     # the common shape, without a loop
+            l0, l1, l2, l3 = lens
+            p1 = pos + l0
+            p2 = p1 + l1
+            p3 = p2 + l2
+            fields = (data[pos:p1], data[p1:p2], data[p2:p3], data[p3:p3 + l3])
+        else:
+            out = []
+            p = pos
+            for m in lens:
+                out.append(data[p:p + m])
+                p += m
+            fields = tuple(out)
+        pos += total
+        append((kind, ms, sq, fields))
+    batch = XAddBatch(key, bool(opts & OPT_NOMKSTREAM), strategy, bool(opts & OPT_APPROX), threshold,
+                      limit if opts & OPT_LIMIT else None, tuple(entries), data[start:pos])
+    return batch, pos

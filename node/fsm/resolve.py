@@ -51,7 +51,7 @@ from ..engine.errors import EngineError, wrong_arity
 from ..invariant import invariant
 from .blocking import BlockingPlan, plan_blocking
 from .config_set import parse_config_set
-from .entry import MAX_NOW_MS, Kind, Request, encode_record, peek_now_ms, request_size
+from .entry import MAX_NOW_MS, Kind, Request, XAddBatch, encode_record, peek_now_ms, request_size
 from .errors import ExecAbort, NotAWrite
 
 
@@ -147,6 +147,15 @@ def resolve_transaction(client_id: int, seq: int, argvs) -> Request:
         if key is not None and argv[0].lower() != b"config":
             passed.add(key)
     request = Request(client_id, seq, Kind.MULTI, argvs)
+    request_size(request)
+    return request
+
+
+def resolve_xadd_batch(client_id: int, seq: int, batch: XAddBatch) -> Request:
+    """N XADDs to one key with the same options (fsm/xadd_batch.py) as one
+    request. Every entry has fields, so each is an XADD that MULTI queues:
+    nothing to refuse but the size (EntryTooLarge)."""
+    request = Request.xadd_batch(client_id, seq, batch)
     request_size(request)
     return request
 

@@ -74,8 +74,12 @@ def _encode(v, out: list, depth: int) -> None:
             _encode(x, out, depth + 1)
     elif isinstance(v, (list, tuple)):
         out += [b"*", _U32.pack(len(v))]
+        pack = _U32.pack
         for x in v:
-            _encode(x, out, depth + 1)
+            if type(x) is bytes:            # inline: an XADD batch's list of IDs, a MULTI's replies
+                out += [b"b", pack(len(x)), x]
+            else:
+                _encode(x, out, depth + 1)
     elif isinstance(v, dict):
         out += [b"%", _U32.pack(len(v))]
         for k, x in v.items():

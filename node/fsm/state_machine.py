@@ -48,6 +48,7 @@ from .errors import BlockingFormInLog, CorruptSnapshot, ExecAbort, NotARead
 from .resolve import is_config_set, queue_check
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
                        CorruptSessions, Sessions)
+from .xadd_batch import apply_xadd_batch
 
 SNAP_MAGIC = b"XFSM"
 SNAP_VERSION = 1
@@ -116,6 +117,8 @@ class StateMachine:
                 return result                     # a retry: the first attempt's result
         if req.kind == Kind.COMMAND:
             result = self._apply_command(req.argv, now)
+        elif req.kind == Kind.XADD_BATCH:
+            result = apply_xadd_batch(self.keyspace, req.xadd, now)
         elif req.kind == Kind.MULTI:
             result = self._apply_multi(req.commands, now)
         elif req.kind == Kind.CONFIG:

@@ -7,10 +7,11 @@ argv), run the way the RESP server runs it:
               forms (BLPOP, XREADGROUP BLOCK ...) via blocking.run_blocking_write
     reads     backend.read(argv, linearizable = not options.allow_follower_read);
               XREAD BLOCK via blocking.run_blocking_read
-    batches   XAdd of N entries = one record of N requests (one result each);
-              with a request id, one MULTI request (one at-most-once slot)
+    batches   XAdd of N entries = one XADD_BATCH request (fsm/xadd_batch.py),
+              built straight from the message: N results, one at-most-once slot
     streams   Subscribe = XREAD in a loop, woken by the backend's ready keys;
               Consume = XREADGROUP ">" through the log, acks in, bounded window
+              (both in grpc_streams.py)
 
 Request ids: metadata `xraft-request-id: <client_id>:<seq>` makes a write an
 at-most-once request (fsm sessions): a retry of an applied request gets the
@@ -37,7 +38,6 @@ result when it passes is UNKNOWN_OUTCOME; a blocking form is cut to it and
 answers its empty reply, as a redis BLOCK timeout does.
 """
 import asyncio
-import collections
 import dataclasses
 import hmac
 import re
@@ -60,8 +60,10 @@ from ..engine.replies import NULL_ARRAY
 from ..engine.stream_args import parse_xread_args
 from ..fsm.blocking import is_blocking_form
 from ..fsm.errors import NotAWrite, StaleRequest
-from ..fsm.resolve import Resolved, queue_check, resolve_command, resolve_transaction
+from ..fsm.resolve import Resolved, resolve_command, resolve_xadd_batch
+from ..fsm.xadd_batch import error_without_fields
 from . import grpc_convert as cv
+from . import grpc_streams
 from .backend import BackendError, NotLeader, UnknownOutcome
 from .blocking import BlockingRegistry, run_blocking_read, run_blocking_write
 from .cluster_cmds import cluster_command
@@ -74,13 +76,6 @@ MAX_MESSAGE_BYTES = 16 << 20          # client.proto: every request and reply fi
 MAX_CONCURRENT_RPCS = 4096            # beyond this grpc refuses calls (RESOURCE_EXHAUSTED)
 MAX_DEADLINE_HINT_MS = 600_000
 MAX_ARGV = 1 << 20
-DEFAULT_MAX_UNACKED = 1000
-MAX_UNACKED = 10_000
-MAX_ACK_IDS = 10_000
-MAX_CONSUME_KEYS = 100
-READS_AHEAD = 4                       # Consume: XREADGROUP reads in flight at once (window permitting)
-MAX_ACKS_PER_WRITE = 256              # Consume: acks written by one submit (one record)
-MAX_QUEUED_ACKS = 1024                # Consume: acks read and not yet written (then reading pauses)
 BLOCK_MARGIN_S = 0.05                 # a blocking form ends this much before the deadline
 _ALREADY_APPLIED = re.compile(r"^ERR xraft: request \d+ of client \d+ was already applied")
 
@@ -307,34 +302,19 @@ class XRaftService(pb_grpc.XRaftServicer):
 
     async def XAdd(self, request, context):
         async def body(call):
-            argvs = cv.xadd_argvs(request)
-            results = [None] * len(argvs)
-            ok = []                            # indexes that passed the queue-time checks
-            verdicts = {}                      # argc -> None or its error: every argv is XADD ...,
-            for i, argv in enumerate(argvs):   # so the check reads nothing but the length
-                n = len(argv)
-                if n not in verdicts:
-                    try:
-                        queue_check(argv)      # arity: that entry fails alone, as it would alone
-                        verdicts[n] = None
-                    except EngineError as e:
-                        verdicts[n] = e
-                err = verdicts[n]
-                if err is None:
-                    ok.append(i)
-                else:
-                    results[i] = err
-            if ok and call.client_id:
-                # One at-most-once slot for the whole batch: a MULTI whose
-                # per-command errors stay per entry (none undoes the others).
-                txn = resolve_transaction(call.client_id, call.seq, [argvs[i] for i in ok])
-                [replies] = await self._submit(call, [txn])
-                replies = _ok(replies)
-            elif ok:
-                requests = [resolve_command(0, 0, argvs[i]).request for i in ok]
-                replies = await self._submit(call, requests)
-            for i, reply in zip(ok, replies if ok else ()):
-                results[i] = reply
+            batch, without = cv.xadd_batch(request)
+            results = []
+            if batch is not None:
+                # One XADD_BATCH request (fsm/xadd_batch.py): one at-most-once slot
+                # for the whole batch, errors per entry (none undoes the others).
+                [results] = await self._submit(call, [resolve_xadd_batch(call.client_id, call.seq, batch)])
+                results = _ok(results)
+            if without:
+                # Entries without fields never reach the log: each fails alone, as it would alone.
+                err = error_without_fields(*cv.xadd_trim(request))
+                results = list(results)
+                for i in without:               # ascending: each lands at its own index
+                    results.insert(i, err)
             out = pb.XAddResponse()
             add = out.results.add
             for r in results:
@@ -342,13 +322,11 @@ class XRaftService(pb_grpc.XRaftServicer):
                     ms, _, seq = r.partition(b"-")    # cv.parse_id, set in place
                     sid = add().id
                     sid.ms = int(ms)
-                    sid.seq = int(seq or b"0")
-                elif isinstance(r, EngineError):
-                    add(error=self._detail(r, call)[1])
+                    sid.seq = int(seq)
                 elif r is None:
                     add(skipped=True)
                 else:
-                    add(id=cv.parse_id(r))
+                    add(error=self._detail(r, call)[1])
             return out
         return await self._handle(request, context, body)
 
@@ -571,309 +549,13 @@ class XRaftService(pb_grpc.XRaftServicer):
             return pb.ExecuteResponse(reply=cv.value_pb(await self._execute(call, list(request.argv))))
         return await self._handle(request, context, body)
 
-    # -- streaming ---------------------------------------------------------------------------
+    # -- streaming (grpc_streams.py) ----------------------------------------------------------
 
-    async def Subscribe(self, request, context):
-        """XREAD in a loop, resumed after the last ID sent; between reads it
-        waits on the backend's ready keys (no polling)."""
-        call = waiter = None
-        try:
-            call = self._begin(request.options, context)
-            call.deadline = None              # a subscription lives until cancelled
-            call.client_id = call.seq = 0     # many reads, no one request id
-            cv.check_count("streams", request.streams, 1, cv.MAX_STREAMS)
-            batch = min(request.max_batch or cv.DEFAULT_BATCH, cv.MAX_BATCH)
-            keys = [s.key for s in request.streams]
-            if len(set(keys)) != len(keys):
-                raise cv.ArgumentError("streams: keys must be distinct")
-            # Registered before the first read, so a write during it is not missed.
-            waiter = self.registry.register(keys, 0, False, call)
-            after = await self._positions(call, request.streams)
-            while True:
-                argv = [b"XREAD", b"COUNT", b"%d" % batch, b"STREAMS"] + keys + [after[k] for k in keys]
-                reply = await self._read(call, argv)
-                streams = cv.streams_pb(reply)
-                if streams:
-                    for s in streams:
-                        after[s.key] = cv.id_text(s.entries[-1].id)
-                    yield pb.SubscribeResponse(streams=streams)
-                    continue
-                await waiter.wait()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            await self._abort(context, e, call)
-        finally:
-            if waiter is not None:
-                self.registry.unregister(waiter)
-
-    async def _positions(self, call: _Call, streams) -> dict:
-        """Each stream's resume position. "$" becomes the stream's last entry
-        ID (0-0 if none): every later entry is above it, exactly as above
-        its last_id, and nothing at or below it is ever served."""
-        out = {}
-        for s in streams:
-            if s.WhichOneof("from") == "new_entries_only":
-                last = await self._read(call, [b"XREVRANGE", s.key, b"+", b"-", b"COUNT", b"1"])
-                out[s.key] = last[0][0] if last else b"0-0"
-            else:
-                out[s.key] = cv.id_text(s.after)
-        return out
-
-    async def Consume(self, request_iterator, context):
-        """A consumer group's deliveries out, acks in. The first message is
-        `start`; then a delivery task reads ">" (XREADGROUP through the log,
-        several reads in flight) while fewer than max_unacked entries are out,
-        and an ack task writes the ConsumeAcks as XACKs (those that arrive
-        together in one record). Both feed one queue this generator drains:
-        grpc allows one writer per call. A client's half-close ends the call
-        once the acks it sent are confirmed."""
-        call = None
-        tasks = []
-        try:
-            first = await request_iterator.__anext__()
-            if first.WhichOneof("body") != "start":
-                raise cv.ArgumentError("the first Consume message must be start")
-            start = first.start
-            call = self._begin(start.options, context)
-            call.deadline = None              # lives until cancelled
-            call.client_id = call.seq = 0     # many writes: a request id would dedup them into one
-            session = _ConsumeSession(self, call, start)
-            tasks = [asyncio.ensure_future(session.deliver()), asyncio.ensure_future(session.take_acks(request_iterator))]
-            while True:
-                item = await session.out.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        except asyncio.CancelledError:
-            raise
-        except StopAsyncIteration:
-            return
-        except Exception as e:  # noqa: BLE001
-            await self._abort(context, e, call)
-        finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                try:
-                    await t
-                except BaseException:  # noqa: BLE001 - cancelled or already reported through the queue
-                    pass
-
-
-class _ConsumeSession:
-    """One Consume call's state. Deliveries are pipelined: up to READS_AHEAD
-    XREADGROUP ">" reads are in flight at once (each counted against the
-    window before it is issued, so delivered + requested never exceeds
-    max_unacked), and their results go out in issue order. Reads run ahead only
-    while the previous one came back full (the stream may hold more); a short
-    or empty read means drained, and the session waits for the keys' next
-    write. Acks are read as they arrive; those that arrive while a write of
-    earlier acks is in flight are written together, one XACK request each, in
-    ONE submit (one log record), and confirmed in arrival order with each
-    XACK's own count. At-least-once is unchanged: an entry leaves the window
-    only once its XACK is applied.
-
-    Reads do not wait for the acks in flight to apply: the IDs those acks
-    release count as room at once, so the next read joins the acks' record
-    (one fsync round instead of two in a row). What such a read returns is
-    held back until those ack writes have applied (they precede it in the log
-    and finish first), so the client never holds more than max_unacked
-    entries; if one of them fails the session ends and the held entries stay
-    in the consumer's PEL (replay_pending_after), as any undelivered read."""
-
-    def __init__(self, service: XRaftService, call: _Call, start: pb.ConsumeStart):
-        cv.check_count("keys", start.keys, 1, MAX_CONSUME_KEYS)
-        if len(set(start.keys)) != len(start.keys):
-            raise cv.ArgumentError("keys must be distinct")
-        if start.max_unacked > MAX_UNACKED:
-            raise cv.ArgumentError(f"max_unacked: at most {MAX_UNACKED}")
-        self.service, self.call, self.start = service, call, start
-        self.keys = list(start.keys)
-        self.window = start.max_unacked or DEFAULT_MAX_UNACKED
-        self.batch = min(start.max_batch or cv.DEFAULT_BATCH, cv.MAX_BATCH)
-        self.unacked = set()                 # (key, id bytes) delivered and not acked
-        self.room = asyncio.Event()          # set when an ack may have opened the window
-        self.out: asyncio.Queue = asyncio.Queue()
-        self.acks: list = []                 # ConsumeAck read, not yet written
-        self.acks_changed = asyncio.Event()  # acks queued, the input ended, or acks written
-        self.acks_ended = False
-        self.releasing = set()               # unacked (key, id) whose XACK is being written
-        self.ack_writes_started = self.ack_writes_done = 0
-        self.acks_applied = asyncio.Event()  # set when an ack write completes
-        # Figures (tests): reads issued, XACK submits (records) and the acks they carried.
-        self.reads = self.ack_writes = self.acks_written = 0
-
-    async def _readgroup(self, ids, count):
-        argv = cv.xreadgroup_argv(self.start.group, self.start.consumer, self.keys, ids, count, None,
-                                  self.start.no_ack)
-        self.reads += 1
-        return cv.streams_pb(await self.service._write(self.call, argv))
-
-    def _deliver(self, streams) -> None:
-        if not self.start.no_ack:
-            for s in streams:
-                self.unacked.update((s.key, cv.id_text(e.id)) for e in s.entries)
-        self.out.put_nowait(pb.ConsumeResponse(delivery=pb.ConsumeDelivery(streams=streams)))
-
-    async def deliver(self) -> None:
-        try:
-            if self.start.HasField("replay_pending_after"):
-                # This consumer's own history first (after a crash): it is
-                # already in the PEL, so it does not count against the window.
-                after = {k: cv.id_text(self.start.replay_pending_after) for k in self.keys}
-                while True:
-                    streams = await self._readgroup([after[k] for k in self.keys], self.batch)
-                    streams = [s for s in streams if s.entries]
-                    if not streams:
-                        break
-                    for s in streams:
-                        after[s.key] = cv.id_text(s.entries[-1].id)
-                    self.out.put_nowait(pb.ConsumeResponse(delivery=pb.ConsumeDelivery(streams=streams)))
-            registry = self.service.registry
-            waiter = registry.register(self.keys, 0, True, self.call)
-            inflight = collections.deque()   # (read task, entries requested), in issue order
-            try:
-                await self._deliver_loop(registry, waiter, inflight)
-            finally:
-                registry.unregister(waiter)
-                for t, _, _ in inflight:
-                    t.cancel()
-                for t, _, _ in inflight:
-                    try:
-                        await t
-                    except BaseException:  # noqa: BLE001 - cancelled or failed: this session is ending
-                        pass
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - reported through the stream
-            self.out.put_nowait(e)
-
-    async def _deliver_loop(self, registry, waiter, inflight) -> None:
-        ids = [b">"] * len(self.keys)
-        reserved = 0                         # entries requested by reads in flight
-        ahead = 1                            # reads allowed in flight: 1 until one comes back full
-        while True:
-            while len(inflight) < ahead:
-                if self.start.no_ack:
-                    room = self.batch
-                else:
-                    room = min(self.batch, self.window - len(self.unacked) + len(self.releasing) - reserved)
-                if room <= 0:
-                    break
-                # A read counting on acks in flight is delivered only after they applied.
-                after = self.ack_writes_started if self.releasing else 0
-                inflight.append((asyncio.ensure_future(self._readgroup(ids, room)), room, after))
-                reserved += room
-            if not inflight:
-                if ahead == 0:               # drained: wait for the keys' next write
-                    await waiter.wait()
-                    ahead = 1
-                else:                        # window full: wait for an ack
-                    self.room.clear()
-                    if not self.start.no_ack and self.window - len(self.unacked) + len(self.releasing) <= 0:
-                        await self.room.wait()
-                continue
-            task, room, after = inflight[0]
-            try:
-                streams = await task
-                while self.ack_writes_done < after:   # the acks it counted on: applied first
-                    self.acks_applied.clear()
-                    await self.acks_applied.wait()
-            finally:
-                inflight.popleft()
-                reserved -= room
-            if any(s.entries for s in streams):
-                self._deliver(streams)
-                # More may be there: the next consuming waiter's turn (not a new write).
-                registry.on_ready(self.keys, recheck_in_flight=False)
-            if any(len(s.entries) >= room for s in streams):    # full: the stream may hold more
-                ahead = READS_AHEAD
-            elif ahead:
-                ahead = 0                    # drained: let the reads in flight finish, then wait
-
-    async def take_acks(self, request_iterator) -> None:
-        """Reads acks as they come (bounded: MAX_QUEUED_ACKS waiting to be written);
-        write_acks writes them."""
-        writer = asyncio.ensure_future(self.write_acks())
-        try:
-            async for req in request_iterator:
-                if req.WhichOneof("body") != "ack":
-                    raise cv.ArgumentError("only acks after start")
-                ack = req.ack
-                cv.check_count("ids", ack.ids, 1, MAX_ACK_IDS)
-                while len(self.acks) >= MAX_QUEUED_ACKS and not writer.done():
-                    self.acks_changed.clear()
-                    await self.acks_changed.wait()
-                if writer.done():
-                    break
-                self.acks.append(ack)
-                self.acks_changed.set()
-            self.acks_ended = True
-            self.acks_changed.set()
-            await writer
-        except asyncio.CancelledError:
-            writer.cancel()
-            raise
-        except Exception as e:  # noqa: BLE001 - reported through the stream
-            writer.cancel()
-            self.out.put_nowait(e)
-
-    async def write_acks(self) -> None:
-        """Every ack queued when the previous write completed, as one submit of one
-        XACK per ack (one record); results in arrival order. Ends with None on the
-        queue once the input ended and everything read is written."""
-        try:
-            group = self.start.group
-            while True:
-                if not self.acks:
-                    if self.acks_ended:
-                        self.out.put_nowait(None)
-                        return
-                    self.acks_changed.clear()
-                    await self.acks_changed.wait()
-                    continue
-                take, size = 0, 0
-                while take < len(self.acks) and (take == 0 or (take < MAX_ACKS_PER_WRITE
-                                                               and size + len(self.acks[take].ids) <= MAX_ACK_IDS)):
-                    size += len(self.acks[take].ids)
-                    take += 1
-                acks, self.acks = self.acks[:take], self.acks[take:]
-                self.acks_changed.set()          # room for the reader
-                ids = [[cv.id_text(i) for i in ack.ids] for ack in acks]
-                requests = [resolve_command(0, 0, [b"XACK", ack.key, group] + i).request
-                            for ack, i in zip(acks, ids)]
-                self.ack_writes += 1
-                self.acks_written += len(acks)
-                unacked = self.unacked
-                freeing = {(ack.key, x) for ack, i in zip(acks, ids) for x in i} & unacked
-                freeing -= self.releasing
-                self.releasing |= freeing
-                self.ack_writes_started += 1
-                # The room this opens lets the delivery task issue its next read now;
-                # one loop pass lets that read reach the backend together with these
-                # XACKs, so both go in one record (one fsync round, not two in a row).
-                # Either order in the log is safe: the read's entries are delivered only
-                # after this write completes (see deliver).
-                if self.releasing:
-                    self.room.set()
-                    await asyncio.sleep(0)
-                results = await self.service._submit(self.call, requests)
-                for ack, i, acked in zip(acks, ids, results):
-                    acked = _ok(acked)
-                    unacked.difference_update((ack.key, x) for x in i)
-                    self.out.put_nowait(pb.ConsumeResponse(ack_result=pb.ConsumeAckResult(ack_seq=ack.ack_seq,
-                                                                                           acked=acked)))
-                self.releasing -= freeing
-                self.ack_writes_done += 1
-                self.acks_applied.set()
-                self.room.set()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - reported through the stream
-            self.out.put_nowait(e)
+    # Async generator functions taking (service, request, context): as class
+    # attributes they are this servicer's methods, and grpc.aio sees them as
+    # async generator handlers (a plain def returning one would run as sync).
+    Subscribe = grpc_streams.subscribe
+    Consume = grpc_streams.consume
 
 
 _SERVER_EXECUTE = {b"ping": XRaftService._server_ping, b"info": XRaftService._server_info,

@@ -9,6 +9,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.client import run, serving
+from xraft.node.engine.errors import EngineError
+from xraft.node.fsm.entry import Request, encode_record
+from xraft.node.fsm.resolve import queue_check
+from xraft.node.fsm.state_machine import StateMachine
+from xraft.node.server import grpc_convert as cv
 from xraft.node.server import wire_errors
 from xraft.node.server.backend import LocalBackend, UnknownOutcome
 from xraft.proto.v1 import client_pb2 as pb
@@ -59,6 +64,60 @@ def test_xadd_batch_is_one_record_with_a_result_per_entry():
                 assert skipped.results[0].skipped
                 e = await _fails(stub.XAdd(pb.XAddRequest(key=b"s"), timeout=5))
                 assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and _detail(e).reason == "COMMAND_ERROR"
+    run(body)
+
+
+def _xadd_reference(sm, req, now):
+    """What XAdd answered before XADD_BATCH: each entry's argv (cv.xadd_argvs) checked as
+    MULTI queues it, the rest run in one MULTI, on `sm` at `now`."""
+    argvs = cv.xadd_argvs(req)
+    want, ok = [None] * len(argvs), []
+    for i, argv in enumerate(argvs):
+        try:
+            queue_check(argv)
+            ok.append(i)
+        except EngineError as e:
+            want[i] = e
+    if ok:
+        [replies] = sm.apply(sm.applied_index + 1, encode_record(now, [Request.multi(0, 0, [argvs[i] for i in ok])]))
+        for i, r in zip(ok, replies):
+            want[i] = r
+    return want
+
+
+def test_xadd_answers_what_the_xadds_it_stands_for_answer():
+    now = 1_700_000_000_000
+    f = _fields(a="1", b="2")
+    trims = [None, pb.TrimOptions(max_len=2, approximate=True, limit=1), pb.TrimOptions(max_len=1),
+             pb.TrimOptions(min_id=pb.StreamId(ms=now, seq=1)), pb.TrimOptions(min_id=pb.StreamId(ms=5), limit=3),
+             pb.TrimOptions(max_len=2**64 - 1)]
+    entries = [pb.XAddEntry(fields=f), pb.XAddEntry(auto_seq_ms=now, fields=f), pb.XAddEntry(fields=[]),
+               pb.XAddEntry(explicit_id=pb.StreamId(ms=3, seq=3), fields=f), pb.XAddEntry(fields=f[:1]),
+               pb.XAddEntry(explicit_id=pb.StreamId(), fields=f), pb.XAddEntry(auto_seq_ms=now + 1, fields=f)]
+
+    async def body():
+        async with serving(LocalBackend(clock=lambda: now)) as (addr, backend, _):
+            async with grpc.aio.insecure_channel(addr) as ch:
+                stub = pb_grpc.XRaftStub(ch)
+                await stub.ListPush(pb.ListPushRequest(key=b"list", values=[b"x"]), timeout=5)
+                for key in (b"s", b"list", b"none"):
+                    for trim in trims:
+                        for no_mk in (False, True):
+                            for picked in (entries, entries[2:3], entries[::-1]):
+                                req = pb.XAddRequest(key=key, entries=picked, no_mkstream=no_mk)
+                                if trim is not None:
+                                    req.trim.CopyFrom(trim)
+                                ref = StateMachine()
+                                ref.restore(backend.sm.snapshot())
+                                want = _xadd_reference(ref, req, now)
+                                resp = await stub.XAdd(req, timeout=5)
+                                got = []
+                                for r in resp.results:
+                                    kind = r.WhichOneof("outcome")
+                                    got.append(b"%d-%d" % (r.id.ms, r.id.seq) if kind == "id" else
+                                               None if kind == "skipped" else r.error.message)
+                                assert got == [w.message if isinstance(w, EngineError) else w for w in want]
+                                assert backend.sm.snapshot()[22:-4] == ref.snapshot()[22:-4]
     run(body)
 
 

@@ -252,6 +252,32 @@ def test_consume_delivers_to_the_group_within_the_unacked_window():
     run(body)
 
 
+def test_consume_over_two_keys_yields_every_entry_of_a_message_in_order():
+    """Deliveries come a message at a time (several entries, several streams each);
+    the session yields them one by one in the message's order, keys included, and
+    acks sent without waiting (all overlapping) confirm every one."""
+    async def body():
+        async with serving() as (addr, _, _s):
+            async with Client([addr], timeout=5) as c:
+                for key in ("a", "b"):
+                    await c.xgroup_create(key, "g", "0", mkstream=True)
+                    await c.xadd_batch(key, [("1-%d" % i, {"k": key, "n": i}) for i in range(1, 26)])
+                seen = []
+                async with c.consume(["a", "b"], "g", "w", max_batch=10, max_unacked=100) as session:
+                    acks = []
+                    async for d in session:
+                        seen.append((d.key, d.id.seq, d.entry.fields_dict[b"n"]))
+                        acks.append(asyncio.ensure_future(d.ack()))
+                        if len(seen) == 50:
+                            break
+                    assert await asyncio.wait_for(asyncio.gather(*acks), 5) == [1] * 50
+                for key in (b"a", b"b"):
+                    mine = [(seq, n) for k, seq, n in seen if k == key]
+                    assert mine == [(i, b"%d" % i) for i in range(1, 26)]
+                    assert (await c.xpending(key.decode(), "g")).count == 0
+    run(body)
+
+
 def test_sync_subscribe_and_consume():
     with ThreadServer() as (addr, _):
         with sync.Client([addr], timeout=5) as c:

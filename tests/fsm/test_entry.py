@@ -12,6 +12,8 @@ from xraft.node.fsm.entry import (Kind, Record, Request, decode_record, encode_r
 from xraft.node.fsm.errors import CorruptEntry, EntryTooLarge
 from xraft.node.invariant import InvariantViolation
 
+from .test_xadd_batch import any_batches
+
 ARG = st.binary(max_size=12)
 ARGV = st.lists(ARG, min_size=1, max_size=5).map(tuple)
 CLIENT = st.one_of(st.just((0, 0)), st.tuples(st.integers(1, 2**64 - 1), st.integers(1, 2**64 - 1)))
@@ -27,6 +29,8 @@ def requests(draw):
         return Request.command(cid, seq, draw(ARGV))
     if kind == Kind.MULTI:
         return Request.multi(cid, seq, draw(st.lists(ARGV, max_size=4)))
+    if kind == Kind.XADD_BATCH:
+        return Request.xadd_batch(cid, seq, draw(any_batches()))
     rest = draw(st.lists(ARG, min_size=2, max_size=4))
     return Request.config(cid, seq, (draw(st.sampled_from([b"CONFIG", b"config"])), b"SeT", *rest))
 
@@ -101,7 +105,7 @@ GOOD = _head() + _req() + _cmd(b"PING")
     (_head(nreq=2) + _req() + _cmd(b"PING"), "request count"),
     (_head(nreq=E.MAX_REQUESTS + 1) + (_req() + _cmd(b"P")) * 2, "request count"),
     (_head() + _req(kind=0) + _cmd(b"PING"), "kind"),
-    (_head() + _req(kind=5) + _cmd(b"PING"), "kind"),
+    (_head() + _req(kind=6) + _cmd(b"PING"), "kind"),
     (_head() + _req(cid=1, seq=0) + _cmd(b"PING"), "seq"),
     (_head() + _req(cid=0, seq=1) + _cmd(b"PING"), "seq"),
     (_head() + _req(ncmd=2) + _cmd(b"PING") + _cmd(b"PING"), "COMMAND"),

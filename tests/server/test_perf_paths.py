@@ -154,7 +154,7 @@ async def _consume_setup(c, n_entries):
     assert ok in ("OK", b"OK")
     server, port, service = await start_server(leader)
     sessions = []
-    import xraft.node.server.grpc_service as gs
+    import xraft.node.server.grpc_streams as gs
     orig = gs._ConsumeSession.__init__
 
     def init(self, *a, **kw):
@@ -224,6 +224,46 @@ def test_consume_pipelines_reads_within_the_window(tmp_path, run):
     run(main())
 
 
+def test_consume_overlapping_acks_carry_the_next_reads(tmp_path, run):
+    """The client acks each delivery at once, never waiting for results (many ack
+    writes in flight): the acks' writes carry the reads the room they open allows,
+    yet the client never holds more than the window of unconfirmed entries; every
+    entry comes once, in order; every ack is confirmed with its own count, in order."""
+    async def main():
+        c = await Cluster(tmp_path).start()
+        torn = None
+        try:
+            leader, server, channel, sessions, patch = await _consume_setup(c, 200)
+            torn = (server, channel, patch)
+            call = pb_grpc.XRaftStub(channel).Consume()
+            await call.write(_start(30, 10))
+            got, confirmed, seqs, seq = [], 0, [], 0
+            while len(got) < 200 or confirmed < 200:
+                resp = await call.read()
+                if resp.WhichOneof("body") == "ack_result":
+                    seqs.append(resp.ack_result.ack_seq)
+                    confirmed += resp.ack_result.acked
+                    continue
+                ids = [e.id for s in resp.delivery.streams for e in s.entries]
+                got.extend(ids)
+                assert len(got) - confirmed <= 30         # the window, counting confirmed acks only
+                seq += 1
+                await call.write(_ack(ids, seq))          # at once: earlier acks may be unconfirmed
+            assert [(i.ms, i.seq) for i in got] == [(1, i) for i in range(1, 201)]
+            assert seqs == list(range(1, seq + 1))
+            s = sessions[-1]
+            assert s.reads_with_acks > 0                   # reads went out with the acks' XACKs
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
+            assert not s.unacked and not s.releasing and s.n_unacked == s.n_releasing == 0
+            assert (await leader.read([b"XPENDING", b"s", b"g"]))[0] == 0
+        finally:
+            if torn:
+                await _teardown(*torn)
+            await c.close()
+    run(main())
+
+
 def test_consume_writes_acks_that_arrive_together_as_one_record(tmp_path, run):
     async def main():
         c = await Cluster(tmp_path).start()
@@ -246,22 +286,24 @@ def test_consume_writes_acks_that_arrive_together_as_one_record(tmp_path, run):
             held.hold()
             w0, r0 = s.ack_writes, leader.records
             # The first ack's write is held in the WAL sync; the next four (one of them
-            # acking IDs already acked) queue behind it and go out as ONE record.
+            # acking IDs already acked) are submitted without waiting for it to apply,
+            # and the backend's group commit makes them ONE record behind it.
             await call.write(_ack(got[0:10], 1))
             await until(lambda: s.ack_writes == w0 + 1 and held.entered, "the first ack's write")
             await call.write(_ack(got[10:20], 2))
             await call.write(_ack(got[5:25], 3))
             await call.write(_ack(got[25:50], 4))
             await call.write(_ack(got[0:1], 5))
-            await until(lambda: len(s.acks) == 4, "the acks to queue behind the first")
+            await until(lambda: s.acks_written == 5, "the other acks' writes")
             held.release()
             results = {}
             while len(results) < 5:
                 resp = await call.read()
                 assert resp.WhichOneof("body") == "ack_result"
                 results[resp.ack_result.ack_seq] = resp.ack_result.acked
-            assert results == {1: 10, 2: 10, 3: 5, 4: 25, 5: 0}    # each XACK's own count, in order
-            assert s.ack_writes == w0 + 2 and s.acks_written == 5
+            assert results == {1: 10, 2: 10, 3: 5, 4: 25, 5: 0}    # each XACK's own count
+            assert list(results) == [1, 2, 3, 4, 5]                 # in arrival order
+            assert w0 + 2 <= s.ack_writes <= w0 + 5 and s.acks_written == 5
             assert leader.records == r0 + 2
             assert not s.unacked and not s.releasing
             call.cancel()
