@@ -6,16 +6,19 @@ touches, before it changes anything: an error leaves the keyspace as it was.
 Time: delivery times, seen-times and idle times use the command's stamped
 `now_ms` only.
 """
+from itertools import islice
+
+from ..invariant import invariant
 from . import groups as g
 from .commands import BLOCKING, READONLY, WRITE, command, unknown_subcommand
 from .errors import CommandError, NoGroupError, syntax_error, wrong_arity
 from .replies import NULL_ARRAY, OK, PairMap, Status, WouldBlock
 from .stream import Stream
 from .stream_args import (
-    XREAD_BLOCKED_DEFAULT_COUNT, entry_reply, last_valid_id, lookup_stream, parse_count, parse_int,
+    XREAD_BLOCKED_DEFAULT_COUNT, entry_reply, lookup_stream, parse_count, parse_int,
     parse_interval, parse_range_id, parse_xread_args,
 )
-from .streamid import MAX_ID, MIN_ID, StreamID, format_id, parse_id, parse_strict_id
+from .streamid import MAX_ID, MIN_ID, format_id, parse_id, parse_strict_id, parse_strict_ids
 
 # XAUTOCLAIM COUNT upper bound (redis: LONG_MAX / max(sizeof(streamID), 10)).
 XAUTOCLAIM_MAX_COUNT = ((1 << 63) - 1) // 16
@@ -214,16 +217,22 @@ def xreadgroup(db, argv, now_ms):
         stream = lookup_stream(db, key)
         group = g.lookup_group(stream, args.group)
         if after is _NEW_ONLY:
-            if not stream.length or last_valid_id(stream) <= group.last_id:
+            # redis serves (and only then creates the consumer) when the last
+            # live entry is past the group's last ID, i.e. when reading from
+            # just after that ID finds anything; that read is the delivery.
+            start = group.last_id.incr()    # None: last ID is the largest, nothing is past it
+            if start is None:
                 continue
-            start = group.last_id.incr()
+            served = list(islice(stream.iter_range(start, MAX_ID), args.count or None))
+            if not served:
+                continue
+            consumer = g.lookup_or_create_consumer(group, args.consumer, now_ms)
+            g.deliver_new(stream, group, consumer, start, args.count, args.noack, now_ms, served)
+            # entry_reply without its copy: these field lists were decoded for this reply alone.
+            reply.append([key, [[b"%d-%d" % sid, fields] for sid, fields in served]])
         else:
             start = after.incr()            # after < MAX_ID: never None
-        consumer = g.lookup_or_create_consumer(group, args.consumer, now_ms)
-        if after is _NEW_ONLY:
-            served = g.deliver_new(stream, group, consumer, start, args.count, args.noack, now_ms)
-            reply.append([key, [entry_reply(sid, fields) for sid, fields in served]])
-        else:
+            consumer = g.lookup_or_create_consumer(group, args.consumer, now_ms)
             served = g.deliver_history(stream, consumer, start, args.count, now_ms)
             reply.append([key, [entry_reply(sid, fields) if fields is not None else [format_id(sid), NULL_ARRAY]
                                 for sid, fields in served]])
@@ -255,8 +264,17 @@ def xack(db, argv, now_ms):
     group = None if stream is None else g.lookup_group(stream, argv[2])
     if group is None:
         return 0                            # redis answers before looking at the IDs
-    ids = [parse_strict_id(arg) for arg in argv[3:]]   # all valid, or nothing is acked
-    return sum(1 for sid in ids if g.drop_pending(group, sid.encode()))
+    ids = parse_strict_ids(argv[3:])        # all valid, or nothing is acked
+    # g.drop_pending inlined: this loop is half of the consume hot path.
+    remove = group.pel.remove
+    acked = 0
+    for sid in ids:
+        removed, nack = remove(sid)
+        if removed:
+            owner_removed, _ = nack.consumer.pel.remove(sid)
+            invariant(owner_removed, "a pending entry is in its owner's PEL")
+            acked += 1
+    return acked
 
 
 # -- XPENDING ------------------------------------------------------------------
@@ -285,12 +303,11 @@ def xpending(db, argv, now_ms):
     if n == 3:
         if not group.pel.numele:
             return [0, None, None, NULL_ARRAY]
-        first_key, _ = group.pel.first()
-        last_key, _ = group.pel.last()
+        first_sid, _ = group.pel.first()
+        last_sid, _ = group.pel.last()
         owners = [[name, b"%d" % consumer.pel.numele]
                   for name, consumer in group.consumers.items() if consumer.pel.numele]
-        return [group.pel.numele, format_id(StreamID.decode(first_key)),
-                format_id(StreamID.decode(last_key)), owners]
+        return [group.pel.numele, format_id(first_sid), format_id(last_sid), owners]
 
     pel = group.pel
     if consumer_name is not None:
@@ -299,16 +316,15 @@ def xpending(db, argv, now_ms):
             return []
         pel = consumer.pel
     out = []
-    end_key = end.encode()
     if not count:
         return out
-    for key, nack in pel.items(start.encode()):
-        if key > end_key:
+    for sid, nack in pel.items(start):
+        if sid > end:
             break
         idle = now_ms - nack.delivery_time
         if min_idle and idle < min_idle:
             continue
-        out.append([format_id(StreamID.decode(key)), nack.consumer.name, max(idle, 0), nack.delivery_count])
+        out.append([format_id(sid), nack.consumer.name, max(idle, 0), nack.delivery_count])
         if len(out) == count:
             break
     return out
@@ -368,24 +384,24 @@ def xclaim(db, argv, now_ms):
 
     consumer = None
     out = []
+    last_node = [None, None]                # stream.get's node cache: the stream does not change here
     for sid in ids:
-        key = sid.encode()
-        nack = group.pel.find(key, None)
-        fields = stream.get(sid)
+        nack = group.pel.find(sid, None)
+        fields = stream.get(sid, last_node)
         if fields is None:                  # deleted from the stream: forget it
             if nack is not None:
-                g.drop_pending(group, key)
+                g.drop_pending(group, sid)
             continue
         if nack is None:
             if not force:
                 continue
             nack = g.NACK(now_ms, 1, None)  # owner set below (idle check does not apply)
-            group.pel.insert(key, nack)
+            group.pel.insert(sid, nack)
         if nack.consumer is not None and min_idle and now_ms - nack.delivery_time < min_idle:
             continue
         if consumer is None:
             consumer = g.lookup_or_create_consumer(group, argv[3], now_ms)
-        g.transfer(group, nack, key, consumer)
+        g.transfer(group, nack, sid, consumer)
         nack.delivery_time = delivery_time
         if retry_count >= 0:
             nack.delivery_count = retry_count
@@ -431,20 +447,19 @@ def xautoclaim(db, argv, now_ms):
     consumer = None
     claimed, deleted = [], []
     attempts = count * XAUTOCLAIM_ATTEMPTS_FACTOR
-    cursor = start.encode()                 # the next PEL key to look at is >= cursor
+    cursor = start                          # the next PEL ID to look at is >= cursor
+    last_node = [None, None]                # stream.get's node cache: the stream does not change here
     while attempts and count:
         attempts -= 1
         item = g.pel_next(group.pel, cursor)
         if item is None:
             cursor = None
             break
-        key, nack = item
-        sid = StreamID.decode(key)
-        after = sid.incr()                  # None past the largest ID: nothing can follow
-        cursor = None if after is None else after.encode()
-        fields = stream.get(sid)
+        sid, nack = item
+        cursor = sid.incr()                 # None past the largest ID: nothing can follow
+        fields = stream.get(sid, last_node)
         if fields is None:                  # deleted from the stream: report and forget it
-            g.drop_pending(group, key)
+            g.drop_pending(group, sid)
             deleted.append(format_id(sid))
             count -= 1
         elif min_idle and now_ms - nack.delivery_time < min_idle:
@@ -452,7 +467,7 @@ def xautoclaim(db, argv, now_ms):
         else:
             if consumer is None:
                 consumer = g.lookup_or_create_consumer(group, argv[3], now_ms)
-            g.transfer(group, nack, key, consumer)
+            g.transfer(group, nack, sid, consumer)
             nack.delivery_time = now_ms
             if not justid:
                 g.count_delivery(nack)
@@ -461,5 +476,5 @@ def xautoclaim(db, argv, now_ms):
         if cursor is None:
             break
     nxt = None if cursor is None else g.pel_next(group.pel, cursor)
-    next_id = MIN_ID if nxt is None else StreamID.decode(nxt[0])
+    next_id = MIN_ID if nxt is None else nxt[0]
     return [format_id(next_id), claimed, deleted]

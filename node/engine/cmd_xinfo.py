@@ -8,7 +8,7 @@ from .cmd_groups import check_subcommand, help_reply, no_such_group, subcommand_
 from .commands import READONLY, command
 from .errors import NO_SUCH_KEY, CommandError
 from .stream_args import entry_reply, lookup_stream, parse_int, take
-from .streamid import MAX_ID, MIN_ID, StreamID, format_id
+from .streamid import MAX_ID, MIN_ID, format_id
 
 # XINFO STREAM FULL shows this many entries and PEL items when COUNT is not
 # given, or given negative (COUNT 0 means all of them).
@@ -103,12 +103,12 @@ def _stream_info(stream, argv):
 
 
 def _group_full(stream, name, group, count: int) -> dict:
-    pending = [[format_id(StreamID.decode(key)), nack.consumer.name, nack.delivery_time, nack.delivery_count]
-               for key, nack in take(group.pel.items(), count)]
+    pending = [[format_id(sid), nack.consumer.name, nack.delivery_time, nack.delivery_count]
+               for sid, nack in take(group.pel.items(), count)]
     consumers = []
     for _, consumer in group.consumers.items():
-        cpel = [[format_id(StreamID.decode(key)), nack.delivery_time, nack.delivery_count]
-                for key, nack in take(consumer.pel.items(), count)]
+        cpel = [[format_id(sid), nack.delivery_time, nack.delivery_count]
+                for sid, nack in take(consumer.pel.items(), count)]
         consumers.append({b"name": consumer.name,
                           b"seen-time": consumer.seen_time,
                           b"pel-count": consumer.pel.numele,

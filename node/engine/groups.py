@@ -6,13 +6,13 @@ commands (cmd_groups.py, cmd_xinfo.py) are built from, as redis 7.0 t_stream.c.
     ConsumerGroup
     +-- last_id:      StreamID   last ID delivered to any consumer of the group
     +-- entries_read: int        logical read counter of last_id, -1 = unknown
-    +-- pel:          Rax        16-byte ID -> NACK     every delivered, unacked entry
+    +-- pel:          PelMap     StreamID -> NACK       every delivered, unacked entry
     +-- consumers:    Rax        name -> Consumer
 
     Consumer
     +-- name:      bytes
     +-- seen_time: int            ms of the consumer's last activity
-    +-- pel:       Rax            16-byte ID -> NACK  (the SAME object as in group.pel)
+    +-- pel:       PelMap         StreamID -> NACK  (the SAME object as in group.pel)
 
     NACK (one record, shared by the group PEL and its owner's PEL)
     +-- delivery_time:  int       ms of the last delivery
@@ -24,10 +24,18 @@ group PEL: each key of group.pel maps to a NACK whose `consumer` is in
 group.consumers and whose PEL holds that same key -> that same NACK object,
 and no consumer PEL holds a key the group PEL lacks.
 
+PELs are PelMaps (pel.py), not raxes as in redis: redis reports no PEL tree
+shape, and an ordered map keyed by StreamID costs a fraction of a rax walk per
+delivery and ack. Keys are the StreamIDs themselves (no 16-byte encoding on the
+hot path); the snapshot still writes them as 16-byte IDs (stream_codec.py).
+
 Time: every timestamp here comes from the caller's `now_ms` (the command's
 stamped time); nothing reads a clock.
 """
+from itertools import islice
+
 from ..invariant import invariant
+from .pel import PelMap
 from .rax import Rax
 from .streamid import MAX_ID, MIN_ID, UINT64_MAX, StreamID
 
@@ -55,7 +63,7 @@ class Consumer:
     def __init__(self, name: bytes, seen_time: int):
         self.name = name                      # unique within its group; any bytes
         self.seen_time = seen_time            # ms of the last XREADGROUP/XCLAIM/... by this name
-        self.pel = Rax()                      # ID -> NACK; every NACK here has .consumer is self
+        self.pel = PelMap()                   # StreamID -> NACK; every NACK here has .consumer is self
 
 
 class ConsumerGroup:
@@ -66,7 +74,7 @@ class ConsumerGroup:
     def __init__(self, last_id: StreamID, entries_read: int):
         self.last_id = last_id                # `>` reads serve IDs strictly greater than this
         self.entries_read = entries_read      # -1 (unknown) or >= 0
-        self.pel = Rax()                      # ID -> NACK, union of the consumers' PELs
+        self.pel = PelMap()                   # StreamID -> NACK, union of the consumers' PELs
         self.consumers = Rax()                # name -> Consumer
 
 
@@ -133,44 +141,44 @@ def delete_consumer(group, consumer) -> int:
 
 
 # -- pending entries ----------------------------------------------------------
+# PEL keys are StreamIDs (see the module docstring).
 
 def assign_delivery(group, consumer, sid: StreamID, now_ms: int) -> NACK:
     """Record that `sid` was just delivered to `consumer` by a `>` read: a new
     NACK, or the existing one moved to this consumer with its count reset."""
-    key = sid.encode()
-    nack = group.pel.find(key, None)
+    nack = group.pel.find(sid, None)
     if nack is None:
         nack = NACK(now_ms, 1, consumer)
-        group.pel.insert(key, nack)
-        inserted = consumer.pel.insert(key, nack)
+        group.pel.insert(sid, nack)
+        inserted = consumer.pel.insert(sid, nack)
         invariant(inserted, "a new group PEL entry is new in the consumer PEL too")
         return nack
     # SETID moved the group back: the entry is pending already, maybe elsewhere.
-    nack.consumer.pel.remove(key)
+    nack.consumer.pel.remove(sid)
     nack.consumer = consumer
     nack.delivery_time = now_ms
     nack.delivery_count = 1
-    consumer.pel.insert(key, nack)
+    consumer.pel.insert(sid, nack)
     return nack
 
 
-def transfer(group, nack: NACK, key: bytes, consumer) -> None:
-    """Make `consumer` the owner of the pending entry `key` (XCLAIM, XAUTOCLAIM)."""
+def transfer(group, nack: NACK, sid: StreamID, consumer) -> None:
+    """Make `consumer` the owner of the pending entry `sid` (XCLAIM, XAUTOCLAIM)."""
     if nack.consumer is consumer:
         return
     if nack.consumer is not None:
-        nack.consumer.pel.remove(key)
-    consumer.pel.insert(key, nack)
+        nack.consumer.pel.remove(sid)
+    consumer.pel.insert(sid, nack)
     nack.consumer = consumer
 
 
-def drop_pending(group, key: bytes) -> bool:
+def drop_pending(group, sid: StreamID) -> bool:
     """Remove a pending entry from the group and its owner (XACK, or an entry
     deleted from the stream found by XCLAIM/XAUTOCLAIM)."""
-    removed, nack = group.pel.remove(key)
+    removed, nack = group.pel.remove(sid)
     if not removed:
         return False
-    owner_removed, _ = nack.consumer.pel.remove(key)
+    owner_removed, _ = nack.consumer.pel.remove(sid)
     invariant(owner_removed, "a pending entry is in its owner's PEL")
     return True
 
@@ -180,33 +188,70 @@ def count_delivery(nack: NACK) -> None:
     nack.delivery_count = (nack.delivery_count + 1) & UINT64_MAX
 
 
-def pel_next(pel, key: bytes):
-    """The first (key, NACK) of `pel` at or after `key`, or None."""
-    for item in pel.items(key):
-        return item
-    return None
+def pel_next(pel, sid: StreamID):
+    """The first (StreamID, NACK) of `pel` at or after `sid`, or None."""
+    return pel.ceiling(sid)
 
 
 # -- delivery (redis streamReplyWithRange with a group) -----------------------
 
-def deliver_new(stream, group, consumer, start: StreamID, count: int, noack: bool, now_ms: int) -> list:
+def deliver_new(stream, group, consumer, start: StreamID, count: int, noack: bool, now_ms: int,
+                served=None) -> list:
     """Serve entries from `start` on (count 0 = all) to `consumer`, moving the
     group's last ID and read counter forward; without NOACK each served entry
-    becomes pending for the consumer. Returns [(StreamID, fields), ...]."""
-    served = []
-    for sid, fields in stream.iter_range(start, MAX_ID):
-        if sid > group.last_id:
-            if group.entries_read != ENTRIES_READ_UNKNOWN and not range_has_tombstones(stream, sid, None):
-                group.entries_read += 1      # no gap ahead: the counter stays exact
-            elif stream.entries_added:
-                group.entries_read = estimate_distance_from_first_ever_entry(stream, sid)
-            group.last_id = sid
-        served.append((sid, fields))
-        if not noack:
+    becomes pending for the consumer. Returns [(StreamID, fields), ...].
+
+    `served`, when given, is that list already read from the stream (the
+    caller peeked at it). Redis does all of this entry by entry; nothing here
+    reads what an earlier entry's step wrote except the counter and last ID,
+    so the entries are read first, then the counter walks them, then the
+    NACKs are made (in one bulk step when none of the IDs is pending yet)."""
+    if served is None:
+        served = list(islice(stream.iter_range(start, MAX_ID), count or None))
+    if not served:
+        return served
+    _advance_group(stream, group, served)
+    if noack:
+        return served
+    first_sid = served[0][0]
+    last = group.pel.last()
+    if last is None or first_sid > last[0]:
+        # All new, and past every pending ID (the consumer's PEL is a subset of
+        # the group's): append them to both PELs at once.
+        keys = [sid for sid, _ in served]
+        nacks = [NACK(now_ms, 1, consumer) for _ in keys]
+        group.pel.extend_sorted(keys, nacks)
+        consumer.pel.extend_sorted(keys, nacks)
+    else:
+        for sid, _ in served:            # SETID moved the group back over pending IDs
             assign_delivery(group, consumer, sid, now_ms)
-        if count and len(served) == count:
-            break
     return served
+
+
+def _advance_group(stream, group, served: list) -> None:
+    """redis's per-entry update of last_id and entries_read for the served
+    entries (ascending IDs), with an O(1) path for the usual case."""
+    last_id = group.last_id
+    entries_read = group.entries_read
+    first_sid = served[0][0]
+    max_deleted = stream.max_deleted_entry_id
+    # range_has_tombstones(stream, sid, None) == tombstones and sid <= max_deleted
+    tombstones = bool(stream.length) and max_deleted != MIN_ID and not stream.first_id > max_deleted
+    if first_sid > last_id and entries_read != ENTRIES_READ_UNKNOWN and not (tombstones and first_sid <= max_deleted):
+        # Every served ID is past last_id and past any tombstone: each one
+        # would take the "+1" branch below.
+        group.entries_read = entries_read + len(served)
+        group.last_id = served[-1][0]
+        return
+    for sid, _ in served:
+        if sid > last_id:
+            if entries_read != ENTRIES_READ_UNKNOWN and not (tombstones and sid <= max_deleted):
+                entries_read += 1      # no gap ahead: the counter stays exact
+            elif stream.entries_added:
+                entries_read = estimate_distance_from_first_ever_entry(stream, sid)
+            last_id = sid
+    group.entries_read = entries_read
+    group.last_id = last_id
 
 
 def deliver_history(stream, consumer, start: StreamID, count: int, now_ms: int) -> list:
@@ -214,11 +259,11 @@ def deliver_history(stream, consumer, start: StreamID, count: int, now_ms: int) 
     [(StreamID, fields or None when the entry was deleted), ...]. Entries still
     in the stream count as delivered again."""
     served = []
-    for key, nack in consumer.pel.items(start.encode()):
+    last_node = [None, None]             # stream.get's node cache: the stream does not change here
+    for sid, nack in consumer.pel.items(start):
         if count and len(served) >= count:
             break
-        sid = StreamID.decode(key)
-        fields = stream.get(sid)
+        fields = stream.get(sid, last_node)
         if fields is not None:
             nack.delivery_time = now_ms
             count_delivery(nack)
@@ -275,10 +320,13 @@ def group_lag(stream, group):
 # -- invariants ---------------------------------------------------------------
 
 def check_group(group) -> None:
-    """Invariant: the consumer PELs partition the group PEL with shared NACKs."""
+    """Invariant: the consumer PELs partition the group PEL with shared NACKs,
+    and every PEL is a well-formed PelMap."""
+    group.pel.check()
     owned = 0
     for name, consumer in group.consumers.items():
         invariant(consumer.name == name, "a consumer is filed under its own name")
+        consumer.pel.check()
         for key, nack in consumer.pel.items():
             invariant(nack.consumer is consumer, "every NACK in a consumer PEL is owned by it")
             invariant(group.pel.find(key, None) is nack, "every consumer NACK is the group's NACK")

@@ -30,7 +30,8 @@ All integers are big-endian. The whole record:
     +-----------+-----------+----------------+-----------+------------------+
 
 A 16-byte ID is StreamID.encode(): ms u64 then seq u64, so byte order is ID
-order. Group names, group PEL IDs, consumer names and each consumer's PEL IDs
+order. (In memory PEL keys are StreamIDs, pel.py; the bytes are the same as when
+they were 16-byte rax keys, so the format did not change.) Group names, group PEL IDs, consumer names and each consumer's PEL IDs
 are written in strictly ascending byte order (rax order); the loader insists
 on it, which also rules out duplicates.
 
@@ -68,7 +69,8 @@ _ID_LEN = 16
 _HEADER = struct.Struct(">4sBI")    # magic, version, entries_len
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
-_NACK_TAIL = struct.Struct(">qQ")  # delivery_time, delivery_count
+_ID = struct.Struct(">QQ")          # a 16-byte ID: ms, seq
+_NACK_REC = struct.Struct(">QQqQ")  # a group PEL record: ID, delivery_time, delivery_count
 
 
 class CorruptStreamState(ValueError):
@@ -98,17 +100,18 @@ def _dump_group(out: list, name: bytes, group) -> None:
     out.append(group.last_id.encode())
     out.append(_I64.pack(group.entries_read))
     out.append(_U32.pack(group.pel.numele))
-    for key, nack in group.pel.items():
-        out.append(key)
-        out.append(_NACK_TAIL.pack(nack.delivery_time, nack.delivery_count))
+    pack = _NACK_REC.pack
+    for sid, nack in group.pel.items():
+        out.append(pack(sid[0], sid[1], nack.delivery_time, nack.delivery_count))
     out.append(_U32.pack(group.consumers.numele))
     for cname, consumer in group.consumers.items():
         out.append(_U32.pack(len(cname)))
         out.append(cname)
         out.append(_I64.pack(consumer.seen_time))
         out.append(_U32.pack(consumer.pel.numele))
-        for key, _ in consumer.pel.items():
-            out.append(key)
+        pack = _ID.pack
+        for sid, _ in consumer.pel.items():
+            out.append(pack(sid[0], sid[1]))
 
 
 # -- load ------------------------------------------------------------------------
@@ -188,26 +191,26 @@ def load_stream(buf) -> Stream:
     return stream
 
 
-def _read_id(reader: _Reader) -> bytes:
-    return reader.take(_ID_LEN)
+def _read_id(reader: _Reader) -> StreamID:
+    return StreamID._make(_ID.unpack(reader.take(_ID_LEN)))
 
 
 def _load_group(reader: _Reader, stream):
-    last_id = StreamID.decode(_read_id(reader))
+    last_id = _read_id(reader)
     entries_read = reader.i64()
     if entries_read < g.ENTRIES_READ_UNKNOWN:
         raise CorruptStreamState("stream snapshot: negative entries_read")
     group = g.ConsumerGroup(last_id, entries_read)
 
-    npel = reader.count(MAX_PEL, _ID_LEN + _NACK_TAIL.size, "group PEL")
+    npel = reader.count(MAX_PEL, _NACK_REC.size, "group PEL")
     prev = None
     for _ in range(npel):
-        key = _read_id(reader)
-        if prev is not None and key <= prev:
+        ms, seq, delivery_time, delivery_count = _NACK_REC.unpack(reader.take(_NACK_REC.size))
+        sid = StreamID(ms, seq)
+        if prev is not None and sid <= prev:      # (ms, seq) order is the 16 bytes' order
             raise CorruptStreamState("stream snapshot: group PEL out of order")
-        prev = key
-        delivery_time, delivery_count = _NACK_TAIL.unpack(reader.take(_NACK_TAIL.size))
-        group.pel.insert(key, g.NACK(delivery_time, delivery_count, None))
+        prev = sid
+        group.pel.insert(sid, g.NACK(delivery_time, delivery_count, None))
 
     nconsumers = reader.count(MAX_CONSUMERS, 16, "consumer")
     prev = None
@@ -221,17 +224,17 @@ def _load_group(reader: _Reader, stream):
         n = reader.count(MAX_PEL, _ID_LEN, "consumer PEL")
         prev_key = None
         for _ in range(n):
-            key = _read_id(reader)
-            if prev_key is not None and key <= prev_key:
+            sid = _read_id(reader)
+            if prev_key is not None and sid <= prev_key:
                 raise CorruptStreamState("stream snapshot: consumer PEL out of order")
-            prev_key = key
-            nack = group.pel.find(key, None)
+            prev_key = sid
+            nack = group.pel.find(sid, None)
             if nack is None:
                 raise CorruptStreamState("stream snapshot: consumer owns an ID the group PEL lacks")
             if nack.consumer is not None:
                 raise CorruptStreamState("stream snapshot: pending entry owned twice")
             nack.consumer = consumer
-            consumer.pel.insert(key, nack)
+            consumer.pel.insert(sid, nack)
         owned += n
         group.consumers.insert(name, consumer)
     if owned != group.pel.numele:

@@ -119,6 +119,20 @@ def parse_id(arg: bytes, missing_seq: int = 0, strict: bool = False, allow_seq_s
     """
     if len(arg) > _MAX_ID_TEXT:
         raise CommandError(INVALID_STREAM_ID)
+    dash = arg.find(b"-")
+    if dash > 0:
+        # Fast path (XACK sends hundreds of these): both parts all ASCII digits.
+        # string2ull then yields int(part) when it fits in a uint64 (string2ll
+        # or, for leading zeros or values past INT64_MAX, strtoull) and fails
+        # otherwise, so int() decides alone.
+        ms_part = arg[:dash]
+        seq_part = arg[dash + 1:]
+        if ms_part.isdigit() and seq_part.isdigit():
+            ms = int(ms_part)
+            seq = int(seq_part)
+            if ms > UINT64_MAX or seq > UINT64_MAX:
+                raise CommandError(INVALID_STREAM_ID)
+            return StreamID(ms, seq), True
     if not strict and len(arg) == 1:
         if arg == b"-":
             return MIN_ID, True
@@ -143,3 +157,20 @@ def parse_id(arg: bytes, missing_seq: int = 0, strict: bool = False, allow_seq_s
 def parse_strict_id(arg: bytes) -> StreamID:
     """An ID where '-' / '+' are not allowed and `<ms>` alone means `<ms>-0`."""
     return parse_id(arg, 0, strict=True)[0]
+
+
+def parse_strict_ids(args) -> list:
+    """[parse_strict_id(a) for a in args], with parse_id's fast path inlined:
+    XACK parses hundreds of IDs per call, and two calls per ID showed up."""
+    out = []
+    append = out.append
+    for arg in args:
+        ms_part, dash, seq_part = arg.partition(b"-")
+        if dash and ms_part.isdigit() and seq_part.isdigit() and len(arg) <= _MAX_ID_TEXT:
+            ms = int(ms_part)
+            seq = int(seq_part)
+            if ms <= UINT64_MAX and seq <= UINT64_MAX:
+                append(StreamID(ms, seq))
+                continue
+        append(parse_id(arg, 0, strict=True)[0])   # every other form, and the errors
+    return out

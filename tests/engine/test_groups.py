@@ -9,6 +9,7 @@ from xraft.node.engine.commands import execute
 from xraft.node.engine.keyspace import Keyspace
 from xraft.node.engine.replies import NULL_ARRAY, WouldBlock
 from xraft.node.engine.stream_codec import dump_stream
+from xraft.node.engine.streamid import StreamID
 from xraft.node.invariant import InvariantViolation
 
 T0 = 1_000_000
@@ -109,7 +110,8 @@ def test_times_come_from_now_ms():
 
 
 def _key(ms, seq):
-    return ms.to_bytes(8, "big") + seq.to_bytes(8, "big")
+    """A PEL key: PELs are keyed by StreamID (pel.py)."""
+    return StreamID(ms, seq)
 
 
 # -- shared NACKs and invariants -------------------------------------------------

@@ -66,8 +66,10 @@ def check_against_model(s: Stream, m: Model, rng: random.Random, max_entries: in
         if ids:
             i = rng.choice(ids)
             probes += [i, i.incr() or i, i.decr() or i]
+    last_node = [None, None]            # get()'s one-node cache, kept across the probes (any order)
     for a in probes:
         assert s.get(a) == m.entries.get(a)
+        assert s.get(a, last_node) == m.entries.get(a)
         b = rng.choice(probes)
         lo, hi = min(a, b), max(a, b)
         assert list(s.iter_range(lo, hi)) == m.range(lo, hi)

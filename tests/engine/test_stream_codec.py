@@ -12,6 +12,7 @@ from tests.redis_oracle import engine_call
 from xraft.node.engine import groups as g
 from xraft.node.engine.keyspace import Keyspace
 from xraft.node.engine.stream_codec import CorruptStreamState, dump_stream, load_stream
+from xraft.node.engine.streamid import StreamID
 
 NOW = 1_700_000_000_000
 
@@ -182,7 +183,7 @@ def test_hand_built_record_loads():
     rec = _one_group_record(pel=[(ID1, 5, 1), (ID2, 6, 2)], consumers=[(b"a", 7, [ID1]), (b"b", 8, [ID2])])
     stream = load_stream(_with_groups([rec]))
     grp = stream.cgroups.find(b"g")
-    assert grp.pel.find(ID1).consumer.name == b"a" and grp.pel.find(ID2).delivery_count == 2
+    assert grp.pel.find(StreamID(1, 1)).consumer.name == b"a" and grp.pel.find(StreamID(2, 1)).delivery_count == 2
 
 
 @pytest.mark.parametrize("record, why", [

@@ -357,6 +357,23 @@ def setup_wrong_types(redis, db):
         engine_call(db, "RPUSH", LIST_KEY, "x", "y")
 
 
+_ERR_XADD_TOO_LARGE = RedisReplyError("ERR Elements are too large to be stored")
+_ERR_XADD_ID_TOO_SMALL = RedisReplyError("ERR The ID specified in XADD is equal or smaller than the target "
+                                         "stream top item")
+
+
+def _stale_errno_reply(argv, expected, got) -> bool:
+    """XADD `<ms>-*` when the stream's last ID is <ms>-18446744073709551615:
+    redis 7.0's streamAppendItem fails there without setting errno, so its
+    reply text depends on whatever errno an earlier failure in the server left
+    (EDOM gives the ID text, anything else the "too large" one; a fresh
+    server says "too large", which the engine answers). Both texts are redis's
+    answer; the engine's one is fixed."""
+    return (argv[0].upper() == b"XADD" and got == _ERR_XADD_TOO_LARGE
+            and expected in (_ERR_XADD_TOO_LARGE, _ERR_XADD_ID_TOO_SMALL)
+            and any(a.endswith(b"-*") for a in argv[2:]))
+
+
 def run_program(redis, program):
     _load_families()
     redis.flush()
@@ -381,6 +398,8 @@ def run_program(redis, program):
                 assert set(got.keys) <= set(argv), got
                 # Retried with nothing new, it still has nothing to serve.
                 assert isinstance(engine_call(db, *got.retry_argv), WouldBlock), got
+                continue
+            if _stale_errno_reply(argv, expected, got):
                 continue
             assert type(got) is type(expected) and got == expected, (argv, expected, got)
             if argv[0].upper() == b"XADD" and isinstance(expected, bytes):
