@@ -1,6 +1,7 @@
 """MultiRaft: the per-node loop driving every Raft group hosted on this node.
 
-One asyncio task per node. Each iteration:
+One event loop per node; an iteration is a plain loop callback (no task).
+Each iteration:
 
   1. if the tick timer fired: one tick for every group (a group whose storage
      is busy in the executor gets it later: ticks are counted, never lost);
@@ -15,11 +16,22 @@ One asyncio task per node. Each iteration:
      snapshot messages) on the groups that sent them; a snapshot's last chunk
      accepted by the transport is reported as report_snapshot(.., True).
 
-Then it yields to the event loop once (so transport deliveries, executor
-completions and proposers run) and sleeps until woken by new work or the
-next tick.
+New work (mark_dirty, a tick) schedules ONE iteration with call_soon: it
+runs after what the event loop already has ready (transport deliveries,
+executor completions, proposers), so work arriving together is handled
+together; an idle node schedules nothing until the next tick.
 
-fsyncs run in a thread pool (io_threads). A group has at most one storage
+Iterations also run at once, inside the callback that brought the work
+(run_now(); never nested in an iteration): when the transport delivers a
+batch (its messages are stepped at once, a follower's append then syncs and
+acks in that same call), when a group's storage job ends (the group is
+pumped and its queued proposals and inbound messages go into the next Ready
+at once), and when RaftBackend has just queued proposals (GroupDriver.kick).
+Each saves a loop turn on the commit path; the iteration scheduled for the
+same work then finds nothing left and costs one empty callback.
+
+fsyncs run in a thread pool (io_threads), except small follower appends
+(inline_sync_bytes; raft_driver.py "Inline sync"). A group has at most one storage
 job at a time (see raft_driver.py: "busy"), which keeps per-group ordering;
 different groups sync in parallel.
 
@@ -53,6 +65,9 @@ ENTRY_OVERHEAD_BYTES = 21
 class MultiRaftOptions:
     tick_interval_s: float = 0.1
     io_threads: int = 4  # concurrent fsyncs (different groups)
+    # A Ready whose entries are at most this many bytes is written and synced on the loop
+    # thread instead of the executor (raft_driver.py, "Inline sync"); 0: always the executor.
+    inline_sync_bytes: int = 128 << 10
     max_batch_bytes: int = 4 << 20  # one transport send; a single larger message goes alone
     max_batch_messages: int = 10_000
     max_groups: int = 10_000
@@ -61,6 +76,8 @@ class MultiRaftOptions:
     def validate(self) -> None:
         if self.tick_interval_s <= 0:
             raise ValueError("tick_interval_s must be > 0")
+        if self.inline_sync_bytes < 0:
+            raise ValueError("inline_sync_bytes must be >= 0")
         if self.io_threads <= 0 or self.max_batch_bytes <= 0 or self.max_batch_messages <= 0 \
                 or self.max_groups <= 0:
             raise ValueError("io_threads, max_batch_bytes, max_batch_messages, max_groups must be > 0")
@@ -112,22 +129,26 @@ class MultiRaft:
                                            thread_name_prefix=f"xraft-io-{node_id}")
         self.closing = False
         self.closed = False
-        self._wake = asyncio.Event()
+        self._started = False
+        self._scheduled = False  # an iteration is queued with call_soon
         self._dirty: dict[GroupDriver, None] = {}  # ordered set of groups to pump
         self._outbox: dict[int, list[tuple[int, Message]]] = {}
         self._tick_due = False
         self._tick_handle: Optional[asyncio.TimerHandle] = None
-        self._task: Optional[asyncio.Task] = None
+        self._crashed_exc: Optional[BaseException] = None
+        self._iterating = False
+        self.inline_sync_bytes = options.inline_sync_bytes  # read by GroupDriver
 
     # ------------------------------------------------ life cycle
 
     async def start(self) -> None:
-        if self._task is not None:
+        if self._started:
             raise RuntimeError("already started")
         self.loop = asyncio.get_running_loop()
         self.transport.start(self)
         self._tick_handle = self.loop.call_later(self.options.tick_interval_s, self._on_tick)
-        self._task = self.loop.create_task(self._run(), name=f"multiraft-{self.node_id}")
+        self._started = True
+        self._wakeup()
 
     async def add_group(self, group_id: int, data_dir: str, sm: StateMachine,
                         bootstrap_voters: Sequence[int] = (),
@@ -176,12 +197,10 @@ class MultiRaft:
         self.closing = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        self._wake.set()
-        if self._task is not None:
-            await self._task
+        # No iteration runs from here on (run_now() and a queued one see `closing`).
         # Storage jobs already in a thread run to completion; their callers are resolved
         # by them (applied) or below.
-        busy = [g.task for g in self.groups.values() if g.task is not None]
+        busy = [g.wait_idle() for g in self.groups.values() if g.busy]
         if busy:
             await asyncio.gather(*busy, return_exceptions=True)
         for g in self.groups.values():
@@ -198,7 +217,29 @@ class MultiRaft:
 
     def mark_dirty(self, g: GroupDriver) -> None:
         self._dirty[g] = None
-        self._wake.set()
+        if not self._scheduled:
+            self._wakeup()
+
+    def _wakeup(self) -> None:
+        """Queue one iteration behind what the event loop already has ready."""
+        if not self._scheduled and self._started:
+            self._scheduled = True
+            self.loop.call_soon(self._scheduled_iteration)
+
+    def _scheduled_iteration(self) -> None:
+        self._scheduled = False
+        if self._dirty or self._tick_due or self._outbox:
+            self.run_now()
+
+    def run_now(self) -> None:
+        """One iteration now, from a loop callback; inside an iteration it does nothing
+        (what was marked waits for the queued next one)."""
+        if self.closing or not self._started or self._crashed_exc is not None or self._iterating:
+            return
+        try:
+            self._iterate()
+        except Exception as exc:
+            self._crashed(exc)
 
     # ------------------------------------------------ TransportHandler
 
@@ -215,7 +256,10 @@ class MultiRaft:
                 continue
             if g.push_message(m):
                 dirty[g] = None
-        self._wake.set()
+        if self._iterating:
+            self._wakeup()
+        else:
+            self.run_now()  # step them now: no loop turn in between
 
     def unreachable(self, peer: int, lost: Batch) -> None:
         if self.closing:
@@ -240,32 +284,28 @@ class MultiRaft:
 
     def _on_tick(self) -> None:
         self._tick_due = True
-        self._wake.set()
+        self._wakeup()
         # Rescheduled from now, not from the planned time: a stalled loop slows the
         # node's clock instead of bursting ticks (a burst could expire election
         # timeouts of followers that did hear from their leader).
         self._tick_handle = self.loop.call_later(self.options.tick_interval_s, self._on_tick)
 
-    async def _run(self) -> None:
-        wake = self._wake
-        try:
-            while True:
-                if wake.is_set():
-                    await asyncio.sleep(0)  # let deliveries, completions and proposers in
-                else:
-                    await wake.wait()
-                if self.closing:
-                    return
-                wake.clear()
-                self._iterate()
-        except Exception as exc:
-            # A bug in the loop itself: stop every group (callers get their typed outcome now
-            # rather than at their deadlines) instead of serving from an unknown state.
-            log.exception("node %d: the Raft loop crashed", self.node_id)
-            for g in self.groups.values():
-                g.fail_stop(exc)
+    def _crashed(self, exc: BaseException) -> None:
+        # A bug in the loop itself: stop every group (callers get their typed outcome now
+        # rather than at their deadlines) instead of serving from an unknown state.
+        log.error("node %d: the Raft loop crashed", self.node_id, exc_info=exc)
+        self._crashed_exc = exc  # no iteration runs any more
+        for g in self.groups.values():
+            g.fail_stop(exc)
 
     def _iterate(self) -> None:
+        self._iterating = True
+        try:
+            self._iterate_once()
+        finally:
+            self._iterating = False
+
+    def _iterate_once(self) -> None:
         st = self.stats
         st.iterations += 1
         if self._tick_due:

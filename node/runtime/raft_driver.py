@@ -10,13 +10,32 @@ queues. One Ready at a time per group:
         EVERY queued proposal (group commit), one ReadIndex for all queued
         reads, then at most ONE Ready:
           rd.messages -> outbox at once (the leader replicates while it writes)
-          if the Ready must be durable: busy = True, and in a thread executor
-              save snapshot/entries/hard state + ONE sync (fsync)
+          if the Ready must be durable: busy = True, and the job goes to the
+              thread executor AT ONCE (submitted from here, no task): save
+              snapshot/entries/hard state + ONE sync (fsync); the worker's
+              end is one call_soon_threadsafe straight into _persisted():
           then (loop thread) _finish(): rd.persisted_messages -> outbox,
               install snapshot, apply committed entries, conf changes,
-              read states, advance(); maybe snapshot + compact (executor)
+              read states, advance(); maybe snapshot + compact (executor);
+              busy = False, on_idle(), and the node loop pumps the group and
+              sends what it queued right there (MultiRaft.run_now), without
+              waiting for the loop task's wake-up
         Ready without must_sync (heartbeats, commit-index moves, applies) is
         finished inline: no thread hop, no fsync.
+
+Inline sync. A non-leader's Ready that must be durable but has no
+rd.messages (a follower's append, whose ack is a persisted message) and at most
+MultiRaftOptions.inline_sync_bytes of entries is written and fsynced right
+in pump(), on the loop thread, then finished like a Ready without sync.
+Nothing could overlap with that write (the ack waits for it in any case),
+and the two thread hops (~0.1-0.3 ms each on a busy machine, on the
+critical path of every commit) disappear. The order is the Ready contract's
+exactly: persist, then persisted_messages, then apply, then advance. A
+leader's Ready always goes to the executor (even one without MsgApps: a
+single-node group, or every follower paused): its loop keeps taking requests
+while it syncs, which is what gathers them into large records
+(raft_backend.py, group commit; measured: inline leader syncs made every
+request a record of its own).
 
 Why "busy" blocks the whole group while its fsync runs: DiskStorage and the
 WAL are not thread-safe, and the core reads storage (entries for MsgApp,
@@ -35,6 +54,10 @@ Outcomes a caller can see (all DriverError, all carry group_id):
                         failure). Never reported as failure: it might commit.
   ReadFailed            a linearizable read could not be confirmed. Safe to retry.
 
+Proposals come with a future (propose(): the caller awaits it) or a plain
+callback (propose_nowait(): called synchronously from inside the driver,
+e.g. from apply — no task and no future hop per record; RaftBackend uses it).
+
 Proposals are matched to applied entries by (term, index): the leader's log
 position is known the moment propose() appends, and an entry applied at that
 index with the same term IS ours (Log Matching). A request id inside the data
@@ -44,6 +67,7 @@ client retries after UnknownOutcome.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import logging
 import os
@@ -87,7 +111,8 @@ _QUEUED, _PROPOSED = 0, 1
 class _Proposal:
     __slots__ = ("data", "cc", "fut", "state", "term", "index", "timer")
 
-    def __init__(self, data: bytes, cc: Optional[Union[ConfChange, ConfChangeV2]], fut: asyncio.Future):
+    def __init__(self, data: bytes, cc: Optional[Union[ConfChange, ConfChangeV2]],
+                 fut: Union[asyncio.Future, _Callback]):
         self.data = data
         self.cc = cc
         self.fut = fut
@@ -104,6 +129,41 @@ class _Read:
         self.fut = fut
         self.timer: Optional[asyncio.TimerHandle] = None
         self.index = 0
+
+
+class _Callback:
+    """A proposer's callback in place of a future (propose_nowait): the same done()/set_*
+    surface, so every path that settles a proposal works unchanged. Called synchronously,
+    exactly once, on the loop thread."""
+
+    __slots__ = ("fn", "_done")
+
+    def __init__(self, fn: Callable[[Any, Optional[BaseException]], None]):
+        self.fn = fn
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any) -> None:
+        self._call(result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._call(None, exc)
+
+    def _call(self, result: Any, exc: Optional[BaseException]) -> None:
+        self._done = True
+        try:
+            self.fn(result, exc)
+        except Exception:  # the proposer's bug must not fail-stop the group
+            log.exception("a proposal's callback failed")
+
+
+def _entries_bytes(entries: Sequence[Entry]) -> int:
+    n = 0
+    for e in entries:
+        n += len(e.data) + 32
+    return n
 
 
 def _settle(fut: asyncio.Future, result: Any = None, exc: Optional[BaseException] = None) -> bool:
@@ -169,6 +229,11 @@ class GroupDriver:
         # on_change(SoftStateChange), loop thread, from inside pump(): must be quick and must not
         # call back into the driver's core. Set by the owner (RaftBackend) after open().
         self.on_change: Optional[Callable[[SoftStateChange], None]] = None
+        # on_idle(), loop thread, each time a storage job ends (the group is no longer busy),
+        # before the node loop pumps the group again: must be quick; may propose.
+        self.on_idle: Optional[Callable[[], None]] = None
+        self._idle_waiters: list[asyncio.Future] = []
+        self._inline_sync_bytes = getattr(host, "inline_sync_bytes", 0)
         self._reported = (StateRole.FOLLOWER, NONE, 0, False)  # (role, lead, term, failed) last told
         self._reported_proposals = 0
 
@@ -200,6 +265,9 @@ class GroupDriver:
 
     async def propose(self, data: bytes, timeout: Optional[float] = None) -> Any:
         """Replicate `data`; the state machine's apply() result once applied on this node."""
+        return await self._submit(self._checked_data(data), None, timeout)
+
+    def _checked_data(self, data) -> bytes:
         data = bytes(data)
         if len(data) > self.options.max_proposal_bytes:
             raise ProposalDropped(self.group_id, f"{len(data)} bytes over the limit "
@@ -207,7 +275,17 @@ class GroupDriver:
         if not data:
             # An empty entry is what a new leader appends; we never give the machine one.
             raise ProposalDropped(self.group_id, "empty proposal")
-        return await self._submit(data, None, timeout)
+        return data
+
+    def propose_nowait(self, data: bytes, callback: Callable[[Any, Optional[BaseException]], None],
+                       timeout: Optional[float] = None) -> None:
+        """propose() without a coroutine or a future: queued at once, and
+        callback(result, exc) is called exactly once, synchronously on the loop thread
+        from inside the driver (apply, a deadline, a leadership change, shutdown) with
+        the outcome propose() would have returned or raised. The callback must be quick
+        and must not call into the driver. Raises now (nothing queued, no callback) for
+        what propose() raises before queueing: NotLeader, ProposalDropped."""
+        self._enqueue(self._checked_data(data), None, timeout, _Callback(callback))
 
     async def propose_conf_change(self, cc: Union[ConfChange, ConfChangeV2],
                                   timeout: Optional[float] = None) -> ConfState:
@@ -361,19 +439,23 @@ class GroupDriver:
     # ------------------------------------------------ proposals
 
     async def _submit(self, data: bytes, cc, timeout: Optional[float]) -> Any:
+        fut = self.host.loop.create_future()
+        self._enqueue(data, cc, timeout, fut)
+        return await fut
+
+    def _enqueue(self, data: bytes, cc, timeout: Optional[float], fut) -> None:
         self._check_usable()
         r = self.rn.raft
         if r.state != StateRole.LEADER:
             raise NotLeader(self.group_id, r.lead, r.term)
         if self._inflight >= self.options.max_inflight_proposals:
             raise ProposalDropped(self.group_id, f"{self._inflight} proposals in flight (limit)")
-        p = _Proposal(data, cc, self.host.loop.create_future())
+        p = _Proposal(data, cc, fut)
         if timeout is not None:
             p.timer = self.host.loop.call_later(timeout, self._expire, p)
         self._queue.append(p)
         self._inflight += 1
         self.host.mark_dirty(self)
-        return await p.fut
 
     def _check_usable(self) -> None:
         if self.closed or self.host.closing:
@@ -542,7 +624,20 @@ class GroupDriver:
                 or (rd.hard_state is not None
                     and self._unsynced_commit_saves >= self.options.max_unsynced_commit_saves):
             self._unsynced_commit_saves = 0
-            self._start(self._persist_and_finish(rd))
+            if not rd.messages and rd.snapshot is None and self._inline_sync_bytes \
+                    and self.rn.raft.state != StateRole.LEADER \
+                    and _entries_bytes(rd.entries) <= self._inline_sync_bytes:
+                # Nothing to overlap the write with (a follower's append, a vote): sync
+                # right here, then finish as a Ready without sync would (see "Inline sync").
+                self._persist(rd)
+                self._log_bounds = (self.storage.first_index(), self.storage.last_index())
+                self.stats.syncs += 1
+                self._finish(rd)
+                self.host.mark_dirty(self)  # advance() may have made the next Ready
+                if self._snapshot_due():
+                    self._start(self._make_snapshot())
+                return
+            self._start_persist(rd)
             return
         if rd.hard_state is not None:
             # Only the commit index moved: buffer it, the next sync carries it.
@@ -551,6 +646,55 @@ class GroupDriver:
         self._finish(rd)
         if self._snapshot_due():
             self._start(self._make_snapshot())
+
+    def _start_persist(self, rd: Ready) -> None:
+        """Hand the Ready's storage job to the executor now (no task, no loop hop): the
+        worker thread starts writing while this loop thread goes on to send rd.messages.
+        Its end comes back as ONE call_soon_threadsafe straight into _persisted()."""
+        self.busy = True
+        try:
+            job = self.host.executor.submit(self._persist, rd)
+        except RuntimeError as exc:  # the executor is shut down
+            self.fail_stop(exc)
+            self._job_ended()
+            return
+        job.add_done_callback(functools.partial(self._persist_done, rd))
+
+    def _persist_done(self, rd: Ready, job) -> None:
+        """Worker thread (or the loop thread, if the job is already done)."""
+        self.host.loop.call_soon_threadsafe(self._persisted, rd, job)
+
+    def _persisted(self, rd: Ready, job) -> None:
+        """Loop thread: the Ready is durable (or its job failed). Finish it and let the
+        node loop pump this group at once: its inbound messages and proposals queued
+        during the sync go into the next Ready without waiting for a loop wake-up."""
+        exc = job.exception()
+        if exc is None:
+            self.stats.syncs += 1
+            try:
+                self._finish(rd)
+            except Exception as e:
+                exc = e
+            else:
+                if self._snapshot_due() and not self.host.closing:
+                    self._start(self._make_snapshot())
+                    self._run_host()  # flush what _finish queued; the group stays busy
+                    return
+        if exc is not None:
+            self.fail_stop(exc)
+        self._job_ended()
+        self._run_host()
+
+    def kick(self) -> None:
+        """Let the node loop pump now what was just queued (proposals), when called from a
+        loop callback; inside the node loop's own iteration it is a no-op (the group is
+        already marked for the next one)."""
+        self._run_host()
+
+    def _run_host(self) -> None:
+        run_now = getattr(self.host, "run_now", None)
+        if run_now is not None:
+            run_now()
 
     def _start(self, coro) -> None:
         self.busy = True
@@ -562,18 +706,31 @@ class GroupDriver:
         except Exception as exc:
             self.fail_stop(exc)
         finally:
-            self.busy = False
             self.task = None
-            if not self.storage.closed:
-                self._log_bounds = (self.storage.first_index(), self.storage.last_index())
-            self.host.mark_dirty(self)
+            self._job_ended()
 
-    async def _persist_and_finish(self, rd: Ready) -> None:
-        await self.host.loop.run_in_executor(self.host.executor, self._persist, rd)
-        self.stats.syncs += 1
-        self._finish(rd)
-        if self._snapshot_due() and not self.host.closing:
-            await self._make_snapshot()
+    def _job_ended(self) -> None:
+        """The storage is ours again (loop thread)."""
+        self.busy = False
+        if not self.storage.closed:
+            self._log_bounds = (self.storage.first_index(), self.storage.last_index())
+        self.host.mark_dirty(self)
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for w in waiters:
+            _settle(w)
+        cb = self.on_idle
+        if cb is not None:
+            try:
+                cb()
+            except Exception:  # the owner's bug must not fail-stop the group
+                log.exception("group %d node %d: on_idle callback failed", self.group_id, self.node_id)
+
+    async def wait_idle(self) -> None:
+        """Returns once no storage job of this group is running (at once if none is)."""
+        while self.busy:
+            w = self.host.loop.create_future()
+            self._idle_waiters.append(w)
+            await w
 
     def _persist(self, rd: Ready) -> None:
         """Executor thread. Order per the Ready contract: snapshot, entries, hard state, fsync."""

@@ -3,7 +3,7 @@
     front ends (RESP, gRPC)
         | submit(requests)            | read(argv, linearizable)
         v                             v
-    RaftBackend --- group commit ---> GroupDriver.propose(record)      (leader only)
+    RaftBackend --- group commit ---> GroupDriver.propose_nowait(record) (leader only)
         |                             GroupDriver.read_index()          (leader only)
         |<-- apply(index, data) ----- GroupDriver (every replica, in log order)
         v
@@ -17,8 +17,10 @@ batch stays atomic). The gathering window is "until the driver can take the
 next proposal": while the group's storage is busy (the previous Ready's
 fsync in the executor) or a record we proposed has not been appended by the
 driver yet, new submits keep gathering, and they are flushed as one record
-the moment that Ready completes (a done callback on the driver's storage
-task) or the driver reports the append (on_change). A proposal made while
+the moment that Ready completes (the driver's on_idle hook, called as its
+storage job ends and before the node loop pumps the group again, so the
+record goes into that very pump's Ready) or the driver reports the append
+(on_change). A proposal made while
 the storage is busy would only wait in the driver's queue for that same
 moment, so gathering costs no latency and turns N concurrent writes into
 one record (one encode, one entry, one peer message, one apply call) instead
@@ -27,6 +29,10 @@ proposed at once, and max_pending_requests bounds what waits. An idle leader
 flushes on the next loop iteration (a lone write does not wait). Many
 records can be in flight at once (replication of one overlaps the leader's
 fsync of the next); the driver puts all proposals it holds into one Ready.
+A record is queued in the driver synchronously (propose_nowait, then kick:
+the node loop pumps it at once) and its outcome comes back as a callback
+from inside the driver's apply, which resolves the submits' futures right
+there: no task per record, no future hop between apply and the callers.
 
 Time. A new leader must not stamp below any time already in its log, and its
 log may hold its predecessor's records, appended but not yet applied, stamped
@@ -135,6 +141,19 @@ class FsmAdapter:
             self.on_restored()
 
 
+class _Record:
+    """One proposed record: the submits it carries, resolved by the driver's callback."""
+
+    __slots__ = ("backend", "group")
+
+    def __init__(self, backend: "RaftBackend", group: list):
+        self.backend = backend
+        self.group = group
+
+    def done(self, results, exc) -> None:
+        self.backend._proposal_ended(self, results, exc)
+
+
 class RaftBackend(Backend):
     """Backend over one GroupDriver. Build, pass `.machine` to MultiRaft.add_group,
     then attach() the driver it returns."""
@@ -166,9 +185,9 @@ class RaftBackend(Backend):
         self._pending: list = []           # (requests, size, future) gathered this iteration
         self._scheduled = False
         self._outstanding = 0              # requests submitted and not yet resolved (limit)
-        self._inflight: set = set()        # propose tasks
-        self._untaken: set = set()         # propose tasks whose record the driver has not appended yet
-        self._armed = None                 # the driver storage task whose end flushes (group commit)
+        self._inflight: set = set()        # records proposed and not yet resolved (_Record)
+        self._untaken: set = set()         # records the driver has not appended yet
+        self._drained: list = []           # drain() waiters, resolved when _inflight empties
         self._closed = False
         self._view = (StateRole.FOLLOWER, 0, 0)   # (role, leader id, term) last observed
         self._ready_term = 0               # term in which we may write (warm-up done); 0 = none
@@ -189,6 +208,7 @@ class RaftBackend(Backend):
         self.driver = driver
         self.machine.on_restored = self._on_restored
         driver.on_change = self._on_change
+        driver.on_idle = self._on_storage_free
         self._observe()                    # whatever happened before the hook was set
 
     def add_failure_listener(self, callback: Callable[[BaseException], None]) -> None:
@@ -216,8 +236,13 @@ class RaftBackend(Backend):
         clients get definite answers before shutdown; True if all did."""
         if not self._inflight:
             return True
-        _, pending = await asyncio.wait(set(self._inflight), timeout=timeout_s)
-        return not pending
+        w = asyncio.get_running_loop().create_future()
+        self._drained.append(w)
+        try:
+            await asyncio.wait_for(asyncio.shield(w), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        return not self._inflight
 
     # -- the core's view (fields only: safe while the group's storage is busy) ----------
     def _core(self):
@@ -498,15 +523,15 @@ class RaftBackend(Backend):
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._pending.append((requests, size, fut))
-        self._outstanding += len(requests)
-        fut.add_done_callback(lambda _f, n=len(requests): self._release(n))
+        n = len(requests)
+        self._outstanding += n
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await fut
-
-    def _release(self, n: int) -> None:
-        self._outstanding -= n
+        try:
+            return await fut
+        finally:
+            self._outstanding -= n
 
     def _check_open(self) -> None:
         if self._closed:
@@ -535,24 +560,14 @@ class RaftBackend(Backend):
     def _gathering(self) -> bool:
         """Group commit gate: True while a new record would only wait in the driver
         (its storage is busy, or a record of ours is queued there and not yet appended).
-        Arms the wake-up that flushes once the driver can take a proposal."""
-        if self._untaken:
-            return True                   # on_change (appended) or the propose ending reopens
-        d = self.driver
-        if not d.busy:
-            return False
-        task = d.task
-        if task is None or task.done():
-            return False                  # cannot be woken: do not wait
-        if task is not self._armed:
-            self._armed = task
-            task.add_done_callback(self._on_storage_free)
-        return True
+        Reopened by on_change (appended), a record resolving unappended, or the driver's
+        on_idle hook (_on_storage_free) when its storage job ends."""
+        return bool(self._untaken) or self.driver.busy
 
-    def _on_storage_free(self, task) -> None:
-        if self._armed is task:
-            self._armed = None
-        if self._pending and not self._scheduled:
+    def _on_storage_free(self) -> None:
+        # The driver's on_idle hook: called as its storage job ends, before the node loop
+        # pumps the group again, so what we propose now goes into that very pump's Ready.
+        if self._pending and not self._scheduled and not self._untaken:
             self._flush()
 
     def _flush(self) -> None:
@@ -571,6 +586,7 @@ class RaftBackend(Backend):
                     fut.set_exception(exc)
             return
         gathering = self._gathering()
+        proposed = False
         i = 0
         while i < len(pending):
             j, n, size = i, 0, RECORD_OVERHEAD
@@ -581,48 +597,35 @@ class RaftBackend(Backend):
                 j += 1
             if gathering and j == len(pending):
                 self._pending = pending[i:]   # not full: keeps gathering until the gate opens
-                return
+                break
             self._propose_group(pending[i:j])
+            proposed = True
             i = j
+        if proposed:
+            self.driver.kick()                # into a Ready now, not after the node loop's wake-up
 
     def _propose_group(self, group) -> None:
         requests = [r for reqs, _, _ in group for r in reqs]
-        # Stamped now, in flush order; the tasks start in creation order, so the
-        # driver's queue (and the log) gets records in stamp order.
+        # Stamped now, in flush order, and queued in the driver right here: the driver's
+        # queue (and the log) gets records in stamp order.
         data = encode_record(self.stamper.stamp(self.now_ms()), requests)
         self.records += 1
         self.requests += len(requests)
         self.max_batch = max(self.max_batch, len(requests))
-        task = asyncio.get_running_loop().create_task(self._propose(data, group))
-        self._inflight.add(task)
-        self._untaken.add(task)
-        task.add_done_callback(self._proposal_ended)
-
-    def _proposal_ended(self, task) -> None:
-        self._inflight.discard(task)
-        if task in self._untaken:         # resolved without an append being reported (refused)
-            self._untaken.discard(task)
-            if not self._untaken and self._pending and not self._scheduled:
-                self._scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
-
-    async def _propose(self, data: bytes, group) -> None:
+        rec = _Record(self, group)
+        self._inflight.add(rec)
+        self._untaken.add(rec)
         try:
-            results = await self.driver.propose(data, timeout=self.propose_timeout_s)
-        except drv.NotLeader as exc:
-            self._fail_group(group, self._not_leader(exc.leader_id))
-        except drv.ProposalDropped as exc:
-            self._fail_group(group, Unavailable("shutting down" if self._closed else
-                                                "write not proposed: %s" % exc.reason))
-        except drv.UnknownOutcome:
-            self._fail_group(group, UnknownOutcome())
-        except asyncio.CancelledError:
-            self._fail_group(group, UnknownOutcome())
-            raise
-        except Exception:
-            log.exception("proposal failed unexpectedly")
-            self._fail_group(group, UnknownOutcome())
-        else:
+            # Queued in the driver at once, in stamp order; rec.done is called from inside
+            # the driver as the entry is applied here (no task, no future hop per record).
+            self.driver.propose_nowait(data, rec.done, timeout=self.propose_timeout_s)
+        except Exception as exc:          # refused before it was queued
+            rec.done(None, exc)
+
+    def _proposal_ended(self, rec: "_Record", results, exc) -> None:
+        """A record's outcome (loop thread; possibly from inside the driver: no driver calls)."""
+        group = rec.group
+        if exc is None:
             invariant(isinstance(results, list) and len(results) == sum(len(g[0]) for g in group),
                       "one result per request of the record")
             k = 0
@@ -630,6 +633,27 @@ class RaftBackend(Backend):
                 if not fut.done():
                     fut.set_result(results[k:k + len(reqs)])
                 k += len(reqs)
+        elif isinstance(exc, drv.NotLeader):
+            self._fail_group(group, self._not_leader(exc.leader_id))
+        elif isinstance(exc, drv.ProposalDropped):
+            self._fail_group(group, Unavailable("shutting down" if self._closed else
+                                                "write not proposed: %s" % exc.reason))
+        elif isinstance(exc, drv.UnknownOutcome):
+            self._fail_group(group, UnknownOutcome())
+        else:
+            log.error("proposal failed unexpectedly", exc_info=exc)
+            self._fail_group(group, UnknownOutcome())
+        self._inflight.discard(rec)
+        if not self._inflight and self._drained:
+            waiters, self._drained = self._drained, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+        if rec in self._untaken:          # resolved without an append being reported (refused)
+            self._untaken.discard(rec)
+            if not self._untaken and self._pending and not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
 
     @staticmethod
     def _fail_group(group, exc) -> None:

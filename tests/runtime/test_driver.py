@@ -10,7 +10,7 @@ import time
 import pytest
 
 from xraft.node.raft.progress import ProgressState
-from xraft.node.raft.types import ConfChange, ConfChangeType, StateRole
+from xraft.node.raft.types import ConfChange, ConfChangeType, MessageType as MT, StateRole
 from xraft.node.runtime.multiraft import MultiRaft, MultiRaftOptions
 from xraft.node.runtime.raft_driver import GroupOptions, NotLeader, ProposalDropped, ReadFailed, \
     UnknownOutcome
@@ -68,8 +68,10 @@ def group_options(**kw) -> GroupOptions:
 
 
 class Cluster:
-    def __init__(self, tmp_path, n=3, groups=(1,), tick=TICK, net=None, sm_factory=None, **group_kw):
+    def __init__(self, tmp_path, n=3, groups=(1,), tick=TICK, net=None, sm_factory=None, mr_kw=None,
+                 **group_kw):
         self.sm_factory = sm_factory or KV
+        self.mr_kw = dict(mr_kw or {})  # more MultiRaftOptions
         self.tmp = tmp_path
         self.ids = tuple(range(1, n + 1))
         self.gids = tuple(groups)
@@ -84,7 +86,7 @@ class Cluster:
 
     async def start_node(self, nid, voters=None, groups=None):
         mr = MultiRaft(nid, LocalTransport(self.net, nid),
-                       MultiRaftOptions(tick_interval_s=self.tick, group=self.opts))
+                       MultiRaftOptions(tick_interval_s=self.tick, group=self.opts, **self.mr_kw))
         await mr.start()
         for gid in groups or self.gids:
             sm = self.sms[(nid, gid)] = self.sm_factory()
@@ -273,10 +275,13 @@ def test_killed_leader_pending_unknown_new_leader_and_restart_recovers(tmp_path,
     run(main())
 
 
-def test_acknowledged_proposals_survive_restart_of_all_nodes(tmp_path, run):
+@pytest.mark.parametrize("inline_sync_bytes", [0, MultiRaftOptions().inline_sync_bytes])
+def test_acknowledged_proposals_survive_restart_of_all_nodes(tmp_path, run, inline_sync_bytes):
     async def main():
         # One snapshot (at ~300), then 100 more entries: recovery is snapshot + WAL replay.
-        c = await Cluster(tmp_path, snapshot_entries=250, snapshot_keep_entries=20).start()
+        # Followers sync their appends on the loop thread (inline) or in the executor.
+        c = await Cluster(tmp_path, snapshot_entries=250, snapshot_keep_entries=20,
+                          mr_kw=dict(inline_sync_bytes=inline_sync_bytes)).start()
         try:
             leader = await c.wait_leader()
             acked = {}
@@ -485,5 +490,182 @@ def test_throughput_batched_vs_single_with_fsync(tmp_path, run):
                   f"({leader.stats.syncs} leader syncs total)")
             assert batched > 3 * single
         finally:
+            await c.close()
+    run(main())
+
+
+# ---------------------------------------------------------------- persist paths and callbacks
+
+
+class DurableWatch:
+    """Records, per node, what its storage has made durable (a sync() that returned) and on
+    which thread; checks every ack and vote grant the node sends against it."""
+
+    def __init__(self, c: Cluster):
+        self.c = c
+        self.durable: dict[int, tuple[int, object]] = {}  # node -> (last index, hard state)
+        self.sync_threads: dict[int, list[bool]] = {}  # node -> [ran on the loop thread?]
+        self.checked = {MT.APP_RESP: 0, MT.VOTE_RESP: 0}
+        self.violations: list[str] = []
+        self.loop_thread = threading.get_ident()
+
+    def install(self, nid: int) -> None:
+        mr = self.c.nodes[nid]
+        g = mr.group(1)
+        st = g.storage
+        inner_sync, inner_send = st.sync, mr.send
+        self.durable[nid] = (st.last_index(), st.hard_state())
+        self.sync_threads.setdefault(nid, [])
+
+        def sync(*a, **kw):
+            ok = inner_sync(*a, **kw)
+            self.sync_threads[nid].append(threading.get_ident() == self.loop_thread)
+            self.durable[nid] = (st.last_index(), st.hard_state())
+            return ok
+
+        def send(gid, m):
+            if m.type in self.checked and not m.reject:
+                self.checked[m.type] += 1
+                last, hs = self.durable[nid]
+                if m.type == MT.APP_RESP and m.index > last:
+                    self.violations.append(f"node {nid} acked {m.index} with {last} durable")
+                if m.type == MT.VOTE_RESP and (hs.term != m.term or hs.vote != m.to):
+                    self.violations.append(f"node {nid} granted a vote to {m.to} in term {m.term} "
+                                           f"before it was durable ({hs})")
+            inner_send(gid, m)
+        st.sync = sync
+        mr.send = send
+
+
+@pytest.mark.parametrize("inline_sync_bytes", [0, MultiRaftOptions().inline_sync_bytes])
+def test_acks_and_vote_grants_leave_only_after_their_sync(tmp_path, run, inline_sync_bytes):
+    """The Ready contract on both persist paths: persisted messages (MsgAppResp, vote grants)
+    are sent only once the state they promise is durable."""
+    async def main():
+        c = Cluster(tmp_path, mr_kw=dict(inline_sync_bytes=inline_sync_bytes))
+        w = DurableWatch(c)
+        for nid in c.ids:
+            await c.start_node(nid)
+            w.install(nid)
+        try:
+            leader = await c.wait_leader()
+            for rnd in range(3):
+                res = await propose_all(leader, 100, prefix=f"r{rnd}k")
+                assert all(isinstance(r, int) for r in res), res[:3]
+                to = next(n for n in c.ids if n != leader.node_id)
+                await c.wait_converged()
+                await leader.transfer_leader(to)  # a new election: vote grants
+                await c.wait_for(lambda: c.g(to).is_leader(), 10, "the transfer")
+                leader = c.g(to)
+            await leader.propose(b"last=1", 5)
+            await c.wait_converged()
+            assert not w.violations, w.violations[:5]
+            assert w.checked[MT.APP_RESP] > 0 and w.checked[MT.VOTE_RESP] > 0, w.checked
+            on_loop = [x for n in c.ids for x in w.sync_threads[n]]
+            # inline: followers' appends are synced on the loop thread; 0: every sync in the executor
+            assert any(on_loop) == bool(inline_sync_bytes) and not all(on_loop)
+        finally:
+            await c.close()
+    run(main())
+
+
+def test_a_leaders_sync_goes_to_the_executor_while_its_appends_are_sent(tmp_path, run):
+    """A leader's Ready has MsgApps: its sync runs in the executor (the loop keeps running),
+    and the MsgApps are with the transport before that sync has returned."""
+    async def main():
+        c = await Cluster(tmp_path, election_tick=300).start()  # no election while the sync is held
+        try:
+            await c.g(1).campaign()
+            leader = await c.wait_leader()
+            await leader.propose(b"warm=1", 5)  # both followers in replicate state (not probing)
+            await c.wait_converged()
+            mr = c.nodes[leader.node_id]
+            gate = threading.Event()
+            entered = threading.Event()
+            inner = leader.storage.sync
+
+            def held_sync(*a, **kw):
+                entered.set()
+                assert threading.get_ident() != loop_thread
+                gate.wait(10)
+                return inner(*a, **kw)
+            loop_thread = threading.get_ident()
+            leader.storage.sync = held_sync
+            sent0 = mr.stats.messages_sent
+            fut = asyncio.ensure_future(leader.propose(b"a=1", 10))
+            await c.wait_for(lambda: entered.is_set() and mr.stats.messages_sent >= sent0 + 2, 5,
+                             "the leader's sync running while its MsgApps went out")
+            assert leader.busy and not fut.done()
+            # The followers append (and ack) while the leader is still syncing.
+            last = leader.rn.raft.raft_log.last_index()  # the entry being synced
+            assert leader.status().last_index < last  # status: the storage as of its last job
+            await c.wait_for(lambda: all(c.g(n).status().last_index >= last
+                                         for n in c.ids if n != leader.node_id), 5, "follower appends")
+            gate.set()
+            assert await fut > 0
+            leader.storage.sync = inner
+            await c.wait_converged()
+        finally:
+            gate.set()
+            await c.close()
+    run(main())
+
+
+def test_propose_nowait_calls_back_once_with_the_outcome(tmp_path, run):
+    async def main():
+        c = await Cluster(tmp_path).start()
+        try:
+            leader = await c.wait_leader()
+            got = []
+            leader.propose_nowait(b"a=1", lambda r, e: got.append((r, e)), timeout=5)
+            leader.kick()
+            await c.wait_for(lambda: got, 5, "the callback")
+            await asyncio.sleep(0.05)
+            assert len(got) == 1 and got[0][1] is None and got[0][0] == c.sms[(leader.node_id, 1)].applied_index
+            follower = next(c.g(n) for n in c.ids if n != leader.node_id)
+            with pytest.raises(NotLeader):
+                follower.propose_nowait(b"b=1", lambda r, e: got.append((r, e)))
+            with pytest.raises(ProposalDropped):
+                leader.propose_nowait(b"", lambda r, e: got.append((r, e)))
+            # In the log but never committed: the deadline gives UnknownOutcome, once.
+            c.net.isolate(leader.node_id, c.ids)
+            late = []
+
+            def cb(r, e):
+                late.append((r, e))
+                raise RuntimeError("a callback's bug is logged, not the group's failure")
+            leader.propose_nowait(b"c=1", cb, timeout=0.2)
+            await c.wait_for(lambda: late, 5, "the deadline")
+            await asyncio.sleep(0.05)
+            assert len(late) == 1 and isinstance(late[0][1], UnknownOutcome) and late[0][1].index > 0
+            assert leader.failed is None and len(got) == 1
+        finally:
+            await c.close()
+    run(main())
+
+
+def test_wait_idle_and_on_idle_follow_the_storage_job(tmp_path, run):
+    async def main():
+        c = await Cluster(tmp_path).start()
+        try:
+            leader = await c.wait_leader()
+            await leader.wait_idle()  # not busy: returns at once (or after the current job)
+            idle = []
+            leader.on_idle = lambda: idle.append(leader.busy)
+            gate = threading.Event()
+            inner = leader.storage.sync
+            leader.storage.sync = lambda *a, **kw: (gate.wait(10), inner(*a, **kw))[1]
+            fut = asyncio.ensure_future(leader.propose(b"a=1", 10))
+            await c.wait_for(lambda: leader.busy, 5, "a busy leader")
+            waiter = asyncio.ensure_future(leader.wait_idle())
+            await asyncio.sleep(0.05)
+            assert not waiter.done() and not idle
+            gate.set()
+            await waiter
+            assert idle and idle[0] is False  # called with the group no longer busy
+            leader.storage.sync = inner
+            assert await fut > 0
+        finally:
+            gate.set()
             await c.close()
     run(main())
