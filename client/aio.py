@@ -483,7 +483,7 @@ class ConsumerSession:
     async def ack(self, key, ids) -> int:
         """XACK through the stream; the number of IDs that were pending.
         Safe to call concurrently (see the class doc)."""
-        ids = [StreamID.parse(i) for i in ids]
+        ids = [i if i.__class__ is StreamID else StreamID.parse(i) for i in ids]
         if self._ack_room is None:
             self._ack_room = asyncio.Semaphore(MAX_ACKS_IN_FLIGHT)
         async with self._ack_room:
@@ -593,14 +593,23 @@ class ConsumerSession:
     def _deliveries(self, streams) -> list:
         """One delivery message's entries as Delivery objects, in order (what
         types.streams_from_pb builds, without the intermediate dict)."""
+        # The hot path of a consumer: StreamID and the frozen StreamEntry are
+        # built without their Python-level __new__/__init__ (the same objects:
+        # a tuple subclass, and a dataclass instance's attribute dict).
         out = []
         append = out.append
+        new_tuple, new_object = tuple.__new__, object.__new__
+        sid_cls, entry_cls = StreamID, StreamEntry
         for s in streams:
             key = s.key
             for m in s.entries:
                 sid = m.id
-                append(Delivery(key, StreamEntry(StreamID(sid.ms, sid.seq),
-                                                 tuple([(f.name, f.value) for f in m.fields]), m.deleted), self))
+                entry = new_object(entry_cls)
+                d = entry.__dict__
+                d["id"] = new_tuple(sid_cls, (sid.ms, sid.seq))
+                d["fields"] = tuple([(f.name, f.value) for f in m.fields])
+                d["deleted"] = m.deleted
+                append(Delivery(key, entry, self))
         return out
 
     def _finish(self, exc: BaseException) -> None:

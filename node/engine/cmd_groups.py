@@ -18,7 +18,7 @@ from .stream_args import (
     XREAD_BLOCKED_DEFAULT_COUNT, entry_reply, lookup_stream, parse_count, parse_int,
     parse_interval, parse_range_id, parse_xread_args,
 )
-from .streamid import MAX_ID, MIN_ID, format_id, parse_id, parse_strict_id, parse_strict_ids
+from .streamid import MAX_ID, MIN_ID, UINT64_MAX, StreamID, format_id, parse_id, parse_strict_id, parse_strict_ids
 
 # XAUTOCLAIM COUNT upper bound (redis: LONG_MAX / max(sizeof(streamID), 10)).
 XAUTOCLAIM_MAX_COUNT = ((1 << 63) - 1) // 16
@@ -194,6 +194,20 @@ def xreadgroup(db, argv, now_ms):
     Keys follow STREAMS (movable keys, as redis's 0 0 0). `>` serves entries
     never delivered to the group and may block; any other ID serves the
     consumer's own pending entries after it, and never blocks."""
+    return _xreadgroup(db, argv, now_ms, True)
+
+
+def xreadgroup_unobserved(db, argv, now_ms):
+    """XREADGROUP for a caller that throws the reply away (a replica applying
+    a log entry nobody waits for): exactly the state changes of xreadgroup()
+    (group last ID and read counter, PEL and consumer NACKs, consumer
+    seen-time; the same errors, raised before any change), but the `>`
+    deliveries build no reply. Returns None instead of the entries served;
+    errors and a read with nothing to serve still return what xreadgroup does."""
+    return _xreadgroup(db, argv, now_ms, False)
+
+
+def _xreadgroup(db, argv, now_ms, want_reply: bool):
     args = parse_xread_args(argv, True)
     targets = []                            # (key, serve IDs after this StreamID, or _NEW_ONLY)
     for key, id_arg in zip(args.keys, args.id_args):
@@ -213,6 +227,7 @@ def xreadgroup(db, argv, now_ms):
     # All checked. Serve stream by stream: an earlier stream's delivery can
     # change what a later one (the same key named twice) has to serve.
     reply = PairMap()  # RESP3: a map of key -> entries; RESP2: [key, entries] pairs
+    served_any = False      # a `>` delivery left out of the reply (want_reply False)
     for key, after in targets:
         stream = lookup_stream(db, key)
         group = g.lookup_group(stream, args.group)
@@ -223,11 +238,17 @@ def xreadgroup(db, argv, now_ms):
             start = group.last_id.incr()    # None: last ID is the largest, nothing is past it
             if start is None:
                 continue
-            served = list(islice(stream.iter_range(start, MAX_ID), args.count or None))
+            if want_reply:
+                served = list(islice(stream.iter_range(start, MAX_ID), args.count or None))
+            else:
+                served = g.new_entry_ids(stream, start, args.count)     # the same IDs, no fields
             if not served:
                 continue
             consumer = g.lookup_or_create_consumer(group, args.consumer, now_ms)
             g.deliver_new(stream, group, consumer, start, args.count, args.noack, now_ms, served)
+            if not want_reply:
+                served_any = True
+                continue
             # entry_reply without its copy: these field lists were decoded for this reply alone.
             reply.append([key, [[b"%d-%d" % sid, fields] for sid, fields in served]])
         else:
@@ -236,6 +257,8 @@ def xreadgroup(db, argv, now_ms):
             served = g.deliver_history(stream, consumer, start, args.count, now_ms)
             reply.append([key, [entry_reply(sid, fields) if fields is not None else [format_id(sid), NULL_ARRAY]
                                 for sid, fields in served]])
+    if served_any:
+        return None
     if reply:
         return reply
     if args.timeout_ms == -1:
@@ -264,7 +287,7 @@ def xack(db, argv, now_ms):
     group = None if stream is None else g.lookup_group(stream, argv[2])
     if group is None:
         return 0                            # redis answers before looking at the IDs
-    ids = parse_strict_ids(argv[3:])        # all valid, or nothing is acked
+    ids = _parse_ack_ids(argv[3:])          # all valid, or nothing is acked
     # g.drop_pending inlined: this loop is half of the consume hot path.
     remove = group.pel.remove
     acked = 0
@@ -275,6 +298,26 @@ def xack(db, argv, now_ms):
             invariant(owner_removed, "a pending entry is in its owner's PEL")
             acked += 1
     return acked
+
+
+def _parse_ack_ids(args) -> list:
+    """parse_strict_ids(args), with the usual `<ms>-<seq>` IDs made without
+    StreamID's Python-level __new__ (XACK of a consumer's batch: every replica
+    parses every acked ID). Any other form, or an error, goes to
+    parse_strict_ids for all of them (same result, same error)."""
+    out = []
+    append = out.append
+    new_id, sid_cls, limit = tuple.__new__, StreamID, UINT64_MAX
+    for arg in args:
+        ms_part, dash, seq_part = arg.partition(b"-")
+        if dash and ms_part.isdigit() and seq_part.isdigit() and len(arg) <= 127:
+            ms = int(ms_part)
+            seq = int(seq_part)
+            if ms <= limit and seq <= limit:
+                append(new_id(sid_cls, (ms, seq)))
+                continue
+        return parse_strict_ids(args)
+    return out
 
 
 # -- XPENDING ------------------------------------------------------------------

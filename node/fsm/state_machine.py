@@ -34,6 +34,7 @@ import dataclasses
 import struct
 import zlib
 
+from ..engine.cmd_groups import xreadgroup, xreadgroup_unobserved
 from ..engine.commands import lookup
 from ..engine.dump import CorruptDump, dump_keyspace, load_keyspace
 from ..engine.errors import EngineError
@@ -59,6 +60,11 @@ _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 
 
+# Handlers with a variant that makes the same state changes without building
+# the reply (engine: same state, result None), for results nobody wants.
+_UNOBSERVED = {xreadgroup: xreadgroup_unobserved}
+
+
 class StateMachine:
     def __init__(self, config: EngineConfig | None = None, *,
                  max_clients: int = DEFAULT_MAX_CLIENTS,
@@ -75,12 +81,18 @@ class StateMachine:
 
     # -- apply -------------------------------------------------------------------
 
-    def apply(self, entry_index: int, data: bytes) -> list:
+    def apply(self, entry_index: int, data: bytes, want_results: bool = True) -> list:
         """Apply the record at `entry_index`; one result per request of the record.
 
         `data == b""` is Raft's own empty entry (a new leader's first entry):
         it only advances applied_index. Raises CorruptEntry, changing nothing,
-        when `data` is not a record."""
+        when `data` is not a record.
+
+        `want_results=False`: nobody waits for this entry's results (a
+        follower, or a leader applying an entry it did not propose). The state
+        changes are exactly the same; only the results of anonymous requests
+        (client_id 0) may then be left unbuilt (None): a request with a
+        client_id records its result in the sessions, on every replica alike."""
         invariant(entry_index == self.applied_index + 1,
                   "apply index %d after %d" % (entry_index, self.applied_index))
         if not data:
@@ -89,7 +101,7 @@ class StateMachine:
         record = decode_record(data)              # raises before anything changes
         self.keyspace.pop_ready_keys()            # leftovers are not this entry's
         now = max(record.now_ms, self.last_now_ms)
-        results = [self._apply_request(req, now) for req in record.requests]
+        results = [self._apply_request(req, now, want_results) for req in record.requests]
         self.last_now_ms = now
         self.applied_index = entry_index
         self.last_ready_keys = frozenset(self.keyspace.pop_ready_keys())
@@ -110,13 +122,14 @@ class StateMachine:
         self.skip(entry.index)
         return []
 
-    def _apply_request(self, req, now: int):
+    def _apply_request(self, req, now: int, want_results: bool = True):
         if req.client_id:
             seen, result = self.sessions.lookup(req.client_id, req.seq)
             if seen:
                 return result                     # a retry: the first attempt's result
+            want_results = True                   # the sessions keep it
         if req.kind == Kind.COMMAND:
-            result = self._apply_command(req.argv, now)
+            result = self._apply_command(req.argv, now, want_results)
         elif req.kind == Kind.XADD_BATCH:
             result = apply_xadd_batch(self.keyspace, req.xadd, now)
         elif req.kind == Kind.MULTI:
@@ -131,7 +144,7 @@ class StateMachine:
             self.sessions.record(req.client_id, req.seq, result)
         return result
 
-    def _apply_command(self, argv, now: int):
+    def _apply_command(self, argv, now: int, want_result: bool = True):
         argv = list(argv)
         try:
             spec = lookup(argv)
@@ -139,8 +152,11 @@ class StateMachine:
             return e
         if is_blocking_form(argv):
             return BlockingFormInLog(spec.name)
+        handler = spec.handler
+        if not want_result:
+            handler = _UNOBSERVED.get(handler, handler)
         try:
-            reply = spec.handler(self.keyspace, argv, now)
+            reply = handler(self.keyspace, argv, now)
         except EngineError as e:
             return e
         invariant(not isinstance(reply, WouldBlock), "a non-blocking form returned WouldBlock")

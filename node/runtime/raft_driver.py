@@ -779,7 +779,13 @@ class GroupDriver:
         if e.type == EntryType.NORMAL:
             if e.data:
                 invariant(e.index > self.sm.applied_index, "state machine already has this index")
-                result = self.sm.apply(e.index, e.data)
+                if e.index in self._pending or not getattr(self.sm, "results_optional", False):
+                    result = self.sm.apply(e.index, e.data)
+                else:
+                    # Nobody here waits for this entry (a follower's, another
+                    # leader's): a state machine that declares results_optional
+                    # may leave results unbuilt; its state changes the same.
+                    self.sm.apply(e.index, e.data, False)
         else:
             try:
                 self.conf_state = self.rn.apply_conf_change(decode_conf_change_entry(e))

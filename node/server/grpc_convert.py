@@ -368,8 +368,15 @@ def fill_streams(out, reply) -> None:
                 entry.deleted = True
                 continue
             field = entry.fields.add
-            for i in range(0, len(fields), 2):
-                field(name=fields[i], value=fields[i + 1])
+            n = len(fields)
+            if n == 4:                                # the usual shapes without a range loop
+                field(name=fields[0], value=fields[1])
+                field(name=fields[2], value=fields[3])
+            elif n == 2:
+                field(name=fields[0], value=fields[1])
+            else:
+                for i in range(0, n, 2):
+                    field(name=fields[i], value=fields[i + 1])
 
 
 def xpending_pb(reply) -> pb.XPendingResponse:

@@ -105,6 +105,9 @@ class FsmAdapter:
     skips forward to the index the driver names.
     """
 
+    # apply() takes want_results (the driver passes False when no caller waits).
+    results_optional = True
+
     def __init__(self, sm: StateMachine, on_applied: Callable[[frozenset], None]):
         self.sm = sm
         self._on_applied = on_applied
@@ -116,12 +119,14 @@ class FsmAdapter:
     def applied_index(self) -> int:
         return self.sm.applied_index
 
-    def apply(self, index: int, data: bytes):
+    def apply(self, index: int, data: bytes, want_results: bool = True):
+        """`want_results=False`: the driver has no caller waiting for this
+        entry; the fsm may leave anonymous requests' results unbuilt."""
         sm = self.sm
         invariant(index > sm.applied_index, "apply %d at or below applied %d" % (index, sm.applied_index))
         while sm.applied_index < index - 1:
             sm.skip(sm.applied_index + 1)
-        results = sm.apply(index, data)
+        results = sm.apply(index, data, want_results)
         ready = sm.last_ready_keys
         if ready:
             self._on_applied(ready)

@@ -669,3 +669,41 @@ def test_wait_idle_and_on_idle_follow_the_storage_job(tmp_path, run):
             gate.set()
             await c.close()
     run(main())
+
+
+class OptionalKV(KV):
+    """KV that declares results_optional: records, per applied index, whether
+    the driver wanted its result."""
+    results_optional = True
+
+    def __init__(self):
+        super().__init__()
+        self.wanted: dict[int, bool] = {}
+
+    def apply(self, index: int, data: bytes, want_results: bool = True):
+        self.wanted[index] = want_results
+        result = super().apply(index, data)
+        return result if want_results else None
+
+
+def test_results_are_wanted_only_where_a_proposal_waits(tmp_path, run):
+    async def main():
+        c = await Cluster(tmp_path, sm_factory=OptionalKV).start()
+        try:
+            leader = await c.wait_leader()
+            results = await propose_all(leader, 50)
+            assert all(isinstance(r, int) for r in results), results[:3]   # the proposers get results
+            await c.wait_converged()
+            lsm = c.sms[(leader.node_id, 1)]
+            for nid in c.ids:
+                sm = c.sms[(nid, 1)]
+                proposed = [i for i in sm.wanted if i in set(results)]
+                assert len(proposed) == 50
+                if sm is lsm:
+                    assert all(sm.wanted[i] for i in results)
+                else:                                  # followers: nobody waits there
+                    assert not any(sm.wanted.values())
+            assert len({c.sms[(n, 1)].chain for n in c.ids}) == 1     # same state everywhere
+        finally:
+            await c.close()
+    run(main())
