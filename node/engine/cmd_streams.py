@@ -468,11 +468,13 @@ def xread(db, argv, now_ms):
         stream = lookup_stream(db, key)
         if stream is None or stream.length == 0:
             continue
-        if last_valid_id(stream) <= gt:
-            continue
-        start = gt.incr()                           # gt < last entry <= MAX_ID: never None
-        items = take(stream.iter_range(start, MAX_ID), args.count)
-        reply.append([key, entries_reply(items)])
+        # Redis serves the key when its last valid ID is above gt, i.e. when some entry is:
+        # asking the range directly skips decoding the whole last node (last_valid_id does)
+        # when the reader is already at the tail, which is what a woken or polling reader is.
+        start = gt.incr()                           # None: gt is MAX_ID, nothing is above it
+        items = take(stream.iter_range(start, MAX_ID), args.count) if start is not None else None
+        if items:
+            reply.append([key, entries_reply(items)])
     if reply:
         return reply
     if args.timeout_ms == -1:
