@@ -120,14 +120,15 @@ def parse_add_or_trim_args(argv, xadd: bool, node_max_entries: int) -> AddTrimAr
         if not args.approx:
             raise CommandError("ERR syntax error, LIMIT cannot be used without the special ~ option")
     elif args.approx:
-        # Bound the work of an approximate trim to about 100 nodes (redis's default).
-        args.limit = 100 * node_max_entries
-        if args.limit <= 0:
-            args.limit = 10000
-        args.limit = min(args.limit, 1000000)
+        args.limit = _default_approx_limit(node_max_entries)
     else:
         args.limit = 0                              # exact trims are never limited
     return args
+
+
+def _default_approx_limit(node_max_entries: int) -> int:
+    """An approximate trim without LIMIT: about 100 nodes of work (redis's default)."""
+    return min(100 * node_max_entries if node_max_entries > 0 else 10000, 1000000)
 
 
 def _trim(stream, args: AddTrimArgs) -> int:
@@ -138,28 +139,39 @@ def _trim(stream, args: AddTrimArgs) -> int:
 
 # -- XADD ---------------------------------------------------------------------
 
-def _new_entry_id(stream, args: AddTrimArgs, now_ms: int) -> StreamID:
-    """The ID XADD gives the new entry, or the redis error (streamAppendItem)."""
-    last_id = stream.last_id
-    if args.id is None:
-        invariant(0 <= now_ms <= UINT64_MAX, "now_ms is a uint64 millisecond time")
-        sid = stream.next_auto_id(now_ms)
-        if sid is None:                             # unreachable: last_id == MAX_ID refused before
-            raise CommandError(_ERR_ID_TOO_SMALL)
-    elif not args.seq_given:                        # <ms>-*
-        if args.id.ms == last_id.ms:
-            if last_id.seq == UINT64_MAX:
-                # redis fails here without setting errno to EDOM, so its
-                # client sees the "too large" text, not the ID one.
-                raise CommandError(_ERR_TOO_LARGE)
-            sid = StreamID(last_id.ms, last_id.seq + 1)
+# The ID argument of one XADD.
+ID_AUTO = 0                                         # "*"
+ID_AUTO_SEQ = 1                                     # "<ms>-*" (ms given, seq 0)
+ID_EXPLICIT = 2                                     # "<ms>-<seq>"
+
+
+def _entry_id(last_id, kind: int, ms: int, seq: int, now_ms: int) -> tuple:
+    """(ms, seq) XADD gives a new entry of a stream whose last ID is `last_id`,
+    or the redis error raised (streamAppendItem's rules, in its order). The one
+    copy of these rules: `xadd` and `xadd_many` both ask it."""
+    lms, lseq = last_id
+    if lms == UINT64_MAX and lseq == UINT64_MAX:
+        raise CommandError(_ERR_EXHAUSTED)
+    if kind == ID_AUTO:                             # streamNextID: always above last_id
+        if now_ms > lms:
+            return now_ms, 0
+        if lseq < UINT64_MAX:
+            return lms, lseq + 1
+        return lms + 1, 0
+    if kind == ID_AUTO_SEQ:
+        if ms != lms:
+            seq = 0
+        elif lseq == UINT64_MAX:
+            # redis fails here without setting errno to EDOM, so its
+            # client sees the "too large" text, not the ID one.
+            raise CommandError(_ERR_TOO_LARGE)
         else:
-            sid = args.id
+            seq = lseq + 1
     else:
-        sid = args.id
-    if sid <= last_id:
+        invariant(kind == ID_EXPLICIT, "unknown ID kind %r" % (kind,))
+    if ms < lms or (ms == lms and seq <= lseq):
         raise CommandError(_ERR_ID_TOO_SMALL)
-    return sid
+    return ms, seq
 
 
 @command("xadd", -5, (WRITE,), 1, 1, 1)
@@ -179,9 +191,13 @@ def xadd(db, argv, now_ms):
         return None
     # A new stream is built aside and stored only once nothing can fail.
     target = stream if stream is not None else Stream()
-    if target.last_id == MAX_ID:
-        raise CommandError(_ERR_EXHAUSTED)
-    sid = _new_entry_id(target, args, now_ms)
+    invariant(0 <= now_ms <= UINT64_MAX, "now_ms is a uint64 millisecond time")
+    if args.id is None:
+        kind, ms, seq = ID_AUTO, 0, 0
+    else:
+        kind = ID_EXPLICIT if args.seq_given else ID_AUTO_SEQ
+        ms, seq = args.id
+    sid = StreamID(*_entry_id(target.last_id, kind, ms, seq, now_ms))
     fields = argv[field_pos:]
     if sum(map(len, fields)) > ENTRY_MAX_BYTES:
         raise CommandError(_ERR_TOO_LARGE)
@@ -197,10 +213,6 @@ def xadd(db, argv, now_ms):
 
 # -- XADD of many entries -----------------------------------------------------
 
-# The ID argument of one entry of xadd_many.
-ID_AUTO = 0                                         # "*"
-ID_AUTO_SEQ = 1                                     # "<ms>-*"
-ID_EXPLICIT = 2                                     # "<ms>-<seq>"
 _INT64_MAX = (1 << 63) - 1
 _new_sid = tuple.__new__                            # StreamID(ms, seq) without the __new__ frame
 
@@ -230,7 +242,7 @@ def xadd_trim_args(strategy, approx: bool, threshold, limit, node_max_entries: i
             raise CommandError("ERR syntax error, LIMIT cannot be used without the special ~ option")
         args.limit = limit
     elif args.approx:
-        args.limit = min(100 * node_max_entries if node_max_entries > 0 else 10000, 1000000)
+        args.limit = _default_approx_limit(node_max_entries)
     return args
 
 
@@ -262,7 +274,7 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
     node_bytes, node_entries = cfg.stream_node_max_bytes, cfg.stream_node_max_entries
     trim = target.trim if args.strategy is not None else None
     trim_args = (args.strategy, args.threshold, args.approx, args.limit)
-    sid_cls, new_sid, append_entry = StreamID, _new_sid, target.append
+    sid_cls, new_sid, append_entry, entry_id = StreamID, _new_sid, target.append, _entry_id
     invariant(0 <= now_ms <= UINT64_MAX, "now_ms is a uint64 millisecond time")
     added_before = target.entries_added
     out = []
@@ -274,34 +286,11 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
         if skip is not False:
             add(skip)                               # WRONGTYPE, or None (NOMKSTREAM, no stream)
             continue
-        lms, lseq = target.last_id
-        if kind == ID_AUTO:                         # Stream.next_auto_id: always above last_id
-            if now_ms > lms:
-                ms, seq = now_ms, 0
-            elif lseq < UINT64_MAX:
-                ms, seq = lms, lseq + 1
-            elif lms < UINT64_MAX:
-                ms, seq = lms + 1, 0
-            else:
-                add(CommandError(_ERR_EXHAUSTED))   # last_id == MAX_ID
-                continue
-        else:
-            if lms == UINT64_MAX and lseq == UINT64_MAX:
-                add(CommandError(_ERR_EXHAUSTED))
-                continue
-            if kind == ID_AUTO_SEQ:                 # `_new_entry_id`'s <ms>-* rules
-                if ms == lms:
-                    if lseq == UINT64_MAX:
-                        add(CommandError(_ERR_TOO_LARGE))
-                        continue
-                    seq = lseq + 1
-                else:
-                    seq = 0
-            else:
-                invariant(kind == ID_EXPLICIT, "unknown ID kind %r" % (kind,))
-            if ms < lms or (ms == lms and seq <= lseq):
-                add(CommandError(_ERR_ID_TOO_SMALL))
-                continue
+        try:
+            ms, seq = entry_id(target.last_id, kind, ms, seq, now_ms)
+        except CommandError as e:
+            add(e)
+            continue
         if fields.__class__ is not list:
             fields = list(fields)                   # Stream.append compares field names as lists
         if sum(map(len, fields)) > ENTRY_MAX_BYTES:

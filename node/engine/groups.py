@@ -35,10 +35,8 @@ stamped time); nothing reads a clock.
 from itertools import islice
 
 from ..invariant import invariant
-from .listpack import lp_decode_all
 from .pel import PelMap
 from .rax import Rax
-from .stream import FLAG_DELETED, FLAG_SAMEFIELDS, _node_last_id
 from .streamid import MAX_ID, MIN_ID, UINT64_MAX, StreamID
 
 # entries_read when the group's position in the stream's history is unknown
@@ -234,35 +232,8 @@ def new_entry_ids(stream, start: StreamID, count: int) -> list:
     """[(StreamID, None), ...] of the live entries from `start` on, the first
     `count` (0 = all): the IDs of list(islice(stream.iter_range(start, MAX_ID),
     count or None)), in order, without decoding any field or value (a `>`
-    delivery whose reply nobody wants: deliver_new needs the IDs only).
-    Walks the nodes as iter_range does, with stream.py's node layout."""
-    smin = (start[0], start[1])
-    out = []
-    append = out.append
-    new_id = tuple.__new__
-    m64 = UINT64_MAX
-    first = True
-    for key, lp in stream._nodes(start.encode(), False):
-        mms, mseq = int.from_bytes(key[:8], "big"), int.from_bytes(key[8:], "big")
-        if first:
-            first = False
-            if _node_last_id(lp, mms, mseq) < smin:
-                continue
-        els = lp_decode_all(lp)
-        nmf = els[2]
-        n = len(els)
-        i = 4 + nmf
-        while i < n:
-            flags = els[i]
-            k = i + 3 + nmf if flags & FLAG_SAMEFIELDS else i + 4 + 2 * els[i + 3]
-            if not flags & FLAG_DELETED:
-                sid = new_id(StreamID, ((mms + els[i + 1]) & m64, (mseq + els[i + 2]) & m64))
-                if sid >= smin:
-                    append((sid, None))
-                    if len(out) == count:
-                        return out
-            i = k + 1
-    return out
+    delivery whose reply nobody wants: deliver_new needs the IDs only)."""
+    return [(sid, None) for sid in stream.live_ids(start, count)]
 
 
 def _advance_group(stream, group, served: list) -> None:

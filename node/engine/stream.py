@@ -357,6 +357,38 @@ class Stream:
                             return
                         yield item
 
+    def live_ids(self, start: StreamID, count: int = 0) -> list:
+        """The IDs iter_range(start, MAX_ID) would yield, the first `count`
+        (0 = all), decoding no field or value: iter_range's walk with the node
+        layout read in place (see the layout at the top)."""
+        smin = (start[0], start[1])
+        out = []
+        append = out.append
+        new_id = tuple.__new__
+        m64 = UINT64_MAX
+        first = True
+        for key, lp in self._nodes(StreamID(*smin).encode(), False):
+            mms, mseq = int.from_bytes(key[:8], "big"), int.from_bytes(key[8:], "big")
+            if first:
+                first = False
+                if _node_last_id(lp, mms, mseq) < smin:
+                    continue                        # as in iter_range
+            els = lp_decode_all(lp)
+            nmf = els[2]
+            n = len(els)
+            i = 4 + nmf
+            while i < n:
+                flags = els[i]
+                k = i + 3 + nmf if flags & FLAG_SAMEFIELDS else i + 4 + 2 * els[i + 3]
+                if not flags & FLAG_DELETED:
+                    sid = new_id(StreamID, ((mms + els[i + 1]) & m64, (mseq + els[i + 2]) & m64))
+                    if sid >= smin:
+                        append(sid)
+                        if len(out) == count:
+                            return out
+                i = k + 1
+        return out
+
     def get(self, sid: StreamID, last_node: list | None = None):
         """The field/value list of live entry `sid`, or None.
 

@@ -11,7 +11,7 @@ Bounds the proto sets on repeated fields (entries per XAdd, IDs per XAck,
 """
 from ..engine.errors import CommandError
 from ..engine.replies import NULL_ARRAY
-from ..fsm.entry import MAXLEN, MINID, XAddBatch
+from ..fsm.entry import MAXLEN, MINID, IdKind, XAddBatch
 from xraft.proto.v1 import client_pb2 as pb
 
 MAX_XADD_ENTRIES = 10_000
@@ -95,8 +95,9 @@ def xadd_trim(r: pb.XAddRequest):
 def xadd_batch(r: pb.XAddRequest):
     """(XAddBatch of the entries that have fields, or None if none has;
     indexes of the entries without fields). The batch means exactly the
-    argvs `xadd_argvs` builds for those entries (fsm/xadd_batch.py); it is
-    built straight from the message, with no argv per entry."""
+    XADD argvs of those entries, as the RESP path would run them
+    (fsm/xadd_batch.py); it is built straight from the message, with no argv
+    per entry."""
     check_count("entries", r.entries, 1, MAX_XADD_ENTRIES)
     strategy, approx, threshold, limit = xadd_trim(r)
     without = []
@@ -114,39 +115,16 @@ def xadd_batch(r: pb.XAddRequest):
             put(f.value)
         kind = e.WhichOneof("id")
         if kind is None:
-            add((0, 0, 0, flat))
+            add((IdKind.AUTO, 0, 0, flat))
         elif kind == "auto_seq_ms":
-            add((1, e.auto_seq_ms, 0, flat))
+            add((IdKind.AUTO_SEQ, e.auto_seq_ms, 0, flat))
         else:
             sid = e.explicit_id
-            add((2, sid.ms, sid.seq, flat))
+            add((IdKind.EXPLICIT, sid.ms, sid.seq, flat))
     if not items:
         return None, without
     return XAddBatch.build(r.key, items, no_mkstream=r.no_mkstream, strategy=strategy, approx=approx,
                            threshold=threshold, limit=limit), without
-
-
-def xadd_argvs(r: pb.XAddRequest) -> list:
-    check_count("entries", r.entries, 1, MAX_XADD_ENTRIES)
-    head = [b"XADD", r.key]
-    if r.no_mkstream:
-        head.append(b"NOMKSTREAM")
-    if r.HasField("trim"):
-        head += trim_args(r.trim)
-    out = []
-    for e in r.entries:
-        kind = e.WhichOneof("id")
-        if kind == "explicit_id":
-            sid = id_text(e.explicit_id)
-        elif kind == "auto_seq_ms":
-            sid = b"%d-*" % e.auto_seq_ms
-        else:
-            sid = b"*"
-        argv = head + [sid]
-        for f in e.fields:
-            argv += [f.name, f.value]
-        out.append(argv)
-    return out
 
 
 def xrange_argv(r: pb.XRangeRequest, reverse: bool) -> list:
