@@ -80,6 +80,10 @@ class StateMachine(Protocol):
     def apply(self, index: int, data: bytes) -> Any:
         ...
 
+    # Optional: a machine with `results_optional = True` also takes
+    # apply(index, data, False) for entries no local caller waits for, and may then
+    # skip building results (its state must change exactly the same).
+
     def snapshot(self) -> bytes:
         """The machine's whole state as of its last applied entry."""
         ...
@@ -101,6 +105,10 @@ class DriverHost(Protocol):
 
     def mark_dirty(self, driver: "GroupDriver") -> None:
         ...
+
+    # Optional (MultiRaft has both): `inline_sync_bytes` (int; 0 = never sync on the
+    # loop thread) and `run_now()` (pump the marked groups and send, from a loop
+    # callback); a host without them gets executor syncs and the next loop pass.
 
 
 # ---------------------------------------------------------------- options and stats

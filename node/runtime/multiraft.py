@@ -217,8 +217,7 @@ class MultiRaft:
 
     def mark_dirty(self, g: GroupDriver) -> None:
         self._dirty[g] = None
-        if not self._scheduled:
-            self._wakeup()
+        self._wakeup()
 
     def _wakeup(self) -> None:
         """Queue one iteration behind what the event loop already has ready."""

@@ -233,7 +233,10 @@ class GroupDriver:
         # before the node loop pumps the group again: must be quick; may propose.
         self.on_idle: Optional[Callable[[], None]] = None
         self._idle_waiters: list[asyncio.Future] = []
+        # The optional parts of the host and machine protocols (driver_api.py), looked up once.
         self._inline_sync_bytes = getattr(host, "inline_sync_bytes", 0)
+        self._host_run_now = getattr(host, "run_now", None)
+        self._results_optional = bool(getattr(sm, "results_optional", False))
         self._reported = (StateRole.FOLLOWER, NONE, 0, False)  # (role, lead, term, failed) last told
         self._reported_proposals = 0
 
@@ -692,9 +695,8 @@ class GroupDriver:
         self._run_host()
 
     def _run_host(self) -> None:
-        run_now = getattr(self.host, "run_now", None)
-        if run_now is not None:
-            run_now()
+        if self._host_run_now is not None:
+            self._host_run_now()
 
     def _start(self, coro) -> None:
         self.busy = True
@@ -779,7 +781,7 @@ class GroupDriver:
         if e.type == EntryType.NORMAL:
             if e.data:
                 invariant(e.index > self.sm.applied_index, "state machine already has this index")
-                if e.index in self._pending or not getattr(self.sm, "results_optional", False):
+                if not self._results_optional or e.index in self._pending:
                     result = self.sm.apply(e.index, e.data)
                 else:
                     # Nobody here waits for this entry (a follower's, another
