@@ -132,6 +132,8 @@ class IdKind(enum.IntEnum):
 
 
 # XADD_BATCH opts bits.
+_ID_AUTO, _ID_AUTO_SEQ, _ID_EXPLICIT = IdKind.AUTO.value, IdKind.AUTO_SEQ.value, IdKind.EXPLICIT.value
+
 OPT_NOMKSTREAM = 0x01
 OPT_MAXLEN = 0x02
 OPT_MINID = 0x04
@@ -202,19 +204,19 @@ class XAddBatch:
                 raise EntryTooLarge("ERR xraft: XADD entry with %d field/value pairs (limit %d)"
                                     % (npair, max_pairs))
             # (Checks written as `if`: invariant() is a call per entry even when it holds.)
-            if kind == 0:
+            if kind == IdKind.AUTO:
                 if ms or seq:
                     invariant(False, "an AUTO ID carries no numbers")
                 append(b"\x00")
-            elif kind == 1:
+            elif kind == IdKind.AUTO_SEQ:
                 if seq or not 0 <= ms <= MAX_U64:
                     invariant(False, "AUTO_SEQ ID out of range")
-                append(_XE_AUTO_SEQ.pack(1, ms))
+                append(_XE_AUTO_SEQ.pack(IdKind.AUTO_SEQ, ms))
             else:
-                if kind != 2 or not (0 <= ms <= MAX_U64 and 0 <= seq <= MAX_U64):
+                if kind != IdKind.EXPLICIT or not (0 <= ms <= MAX_U64 and 0 <= seq <= MAX_U64):
                     invariant(False, "bad entry ID %r %r-%r" % (kind, ms, seq))
-                append(_XE_EXPLICIT.pack(2, ms, seq))
-            lens = _LENS_STRUCTS[nf + 1] if nf < 63 else _lens_struct(nf + 1)
+                append(_XE_EXPLICIT.pack(IdKind.EXPLICIT, ms, seq))
+            lens = _lens_struct(nf + 1)
             append(lens.pack(npair, *map(len, fields)))
             extend(fields)
             items.append((int(kind), ms, seq, fields))
@@ -496,22 +498,22 @@ def _decode_xadd_batch(data: bytes, pos: int, end: int, n: int):
     entries = []
     append = entries.append
     unpack_u32, unpack_u64, unpack_2u64 = _U32.unpack_from, _U64.unpack_from, _U64X2.unpack_from
-    lens_struct, structs = _lens_struct, _LENS_STRUCTS
+    lens_struct = _lens_struct
     max_pairs = MAX_ARGC // 2
     for _ in range(n):
         if end - pos < _MIN_XENTRY:
             raise CorruptEntry("XADD batch entry runs past the end")
         kind = data[pos]
-        if kind == 0:
+        if kind == _ID_AUTO:
             ms = sq = 0
             pos += 1
-        elif kind == 1:
+        elif kind == _ID_AUTO_SEQ:
             if end - pos < 9 + _MIN_XENTRY - 1:
                 raise CorruptEntry("XADD batch entry ID runs past the end")
             ms = unpack_u64(data, pos + 1)[0]
             sq = 0
             pos += 9
-        elif kind == 2:
+        elif kind == _ID_EXPLICIT:
             if end - pos < 17 + _MIN_XENTRY - 1:
                 raise CorruptEntry("XADD batch entry ID runs past the end")
             ms, sq = unpack_2u64(data, pos + 1)
@@ -522,7 +524,7 @@ def _decode_xadd_batch(data: bytes, pos: int, end: int, n: int):
         if not 1 <= npair <= max_pairs or 8 * npair > end - pos - 4:
             raise CorruptEntry("bad XADD batch pair count %d" % npair)
         nf = 2 * npair
-        lens = (structs[nf] if nf < 64 else lens_struct(nf)).unpack_from(data, pos + 4)
+        lens = lens_struct(nf).unpack_from(data, pos + 4)
         pos += 4 + 8 * npair
         total = sum(lens)
         if total > end - pos or (total > MAX_ARG_BYTES and max(lens) > MAX_ARG_BYTES):
