@@ -204,18 +204,18 @@ class XAddBatch:
                 raise EntryTooLarge("ERR xraft: XADD entry with %d field/value pairs (limit %d)"
                                     % (npair, max_pairs))
             # (Checks written as `if`: invariant() is a call per entry even when it holds.)
-            if kind == IdKind.AUTO:
+            if kind == _ID_AUTO:
                 if ms or seq:
                     invariant(False, "an AUTO ID carries no numbers")
                 append(b"\x00")
-            elif kind == IdKind.AUTO_SEQ:
+            elif kind == _ID_AUTO_SEQ:
                 if seq or not 0 <= ms <= MAX_U64:
                     invariant(False, "AUTO_SEQ ID out of range")
-                append(_XE_AUTO_SEQ.pack(IdKind.AUTO_SEQ, ms))
+                append(_XE_AUTO_SEQ.pack(_ID_AUTO_SEQ, ms))
             else:
-                if kind != IdKind.EXPLICIT or not (0 <= ms <= MAX_U64 and 0 <= seq <= MAX_U64):
+                if kind != _ID_EXPLICIT or not (0 <= ms <= MAX_U64 and 0 <= seq <= MAX_U64):
                     invariant(False, "bad entry ID %r %r-%r" % (kind, ms, seq))
-                append(_XE_EXPLICIT.pack(IdKind.EXPLICIT, ms, seq))
+                append(_XE_EXPLICIT.pack(_ID_EXPLICIT, ms, seq))
             lens = _lens_struct(nf + 1)
             append(lens.pack(npair, *map(len, fields)))
             extend(fields)
