@@ -13,22 +13,27 @@ Writes (group commit). The leader gathers submit()s into ONE record
 (entry.encode_record), stamped by its TimeStamper, and proposes it; each
 submit gets its own slice of the record's results once the entry is applied
 here. One submit's requests are never split (a MULTI/EXEC or a client's
-batch stays atomic). The gathering window is "until the driver can take the
-next proposal": while the group's storage is busy (the previous Ready's
-fsync in the executor) or a record we proposed has not been appended by the
-driver yet, new submits keep gathering, and they are flushed as one record
-the moment that Ready completes (the driver's on_idle hook, called as its
-storage job ends and before the node loop pumps the group again, so the
-record goes into that very pump's Ready) or the driver reports the append
-(on_change). A proposal made while
-the storage is busy would only wait in the driver's queue for that same
-moment, so gathering costs no latency and turns N concurrent writes into
-one record (one encode, one entry, one peer message, one apply call) instead
-of N. Bounded: a full record (MAX_REQUESTS requests or MAX_RECORD_BYTES) is
-proposed at once, and max_pending_requests bounds what waits. An idle leader
-flushes on the next loop iteration (a lone write does not wait). Many
-records can be in flight at once (replication of one overlaps the leader's
-fsync of the next); the driver puts all proposals it holds into one Ready.
+batch stays atomic). New submits keep gathering while any of these holds:
+  - the group's storage is busy (the previous Ready's fsync in the executor):
+    a proposal would only wait in the driver's queue for that moment anyway;
+  - a record we proposed has not been appended by the driver yet (same);
+  - max_records_in_flight records (default 1) are proposed and not yet
+    applied. This is the gate that batches under load: while one record
+    makes its round (peer messages, three fsyncs, acks, apply), everything
+    that arrives becomes the next record, so the per-record costs (a gRPC
+    stream write and read per peer and direction, an fsync per replica, a
+    Ready) are paid once per round, not once per request. Measured with 64
+    single XADDs in flight: ~9 requests per record instead of ~4, and
+    8-20% less CPU per write over all processes (bench/README.md).
+    A lone write is never held: with nothing in flight it goes at once.
+Gathered submits are flushed as one record the moment the gate opens: the
+driver's on_idle hook (its storage job ended; called before the node loop
+pumps the group again, so the record goes into that very pump's Ready), the
+driver reporting the append (on_change), or a record resolving
+(_proposal_ended). Bounded: a full record (MAX_REQUESTS requests or
+MAX_RECORD_BYTES) is proposed at once whatever the gate says, and
+max_pending_requests bounds what waits. An idle leader flushes on the next
+loop iteration (a lone write does not wait).
 A record is queued in the driver synchronously (propose_nowait, then kick:
 the node loop pumps it at once) and its outcome comes back as a callback
 from inside the driver's apply, which resolves the submits' futures right
@@ -167,7 +172,8 @@ class RaftBackend(Backend):
                  clock: Optional[Callable[[], int]] = None,
                  propose_timeout_s: float = 10.0, read_timeout_s: float = 5.0,
                  leader_ready_timeout_s: float = 5.0, warm_up_retry_s: float = 0.05,
-                 leader_settle_s: float = 2.0, max_pending_requests: int = 100_000):
+                 leader_settle_s: float = 2.0, max_pending_requests: int = 100_000,
+                 max_records_in_flight: int = 1):
         invariant(raft_id in addresses, "this node's addresses are known")
         self.raft_id = raft_id
         self.addresses: dict[int, NodeAddresses] = dict(addresses)
@@ -184,6 +190,9 @@ class RaftBackend(Backend):
         self.warm_up_retry_s = warm_up_retry_s   # pause between failed warm-up ReadIndex rounds
         self.leader_settle_s = leader_settle_s   # _role_moved: wait this long for a successor
         self.max_pending_requests = max_pending_requests
+        # Group commit gate: at most this many records proposed and not yet applied; what
+        # arrives meanwhile gathers into the next record (a full record still goes at once).
+        self.max_records_in_flight = max_records_in_flight
         self._ready_listeners: list = []
         self._role_listeners: list = []
         self._failure_listeners: list = []
@@ -564,10 +573,12 @@ class RaftBackend(Backend):
 
     def _gathering(self) -> bool:
         """Group commit gate: True while a new record would only wait in the driver
-        (its storage is busy, or a record of ours is queued there and not yet appended).
-        Reopened by on_change (appended), a record resolving unappended, or the driver's
-        on_idle hook (_on_storage_free) when its storage job ends."""
-        return bool(self._untaken) or self.driver.busy
+        (its storage is busy, or a record of ours is queued there and not yet appended),
+        or while max_records_in_flight records are proposed and not yet applied.
+        Reopened by on_change (appended), a record resolving, or the driver's on_idle
+        hook (_on_storage_free) when its storage job ends."""
+        return (bool(self._untaken) or self.driver.busy
+                or len(self._inflight) >= self.max_records_in_flight)
 
     def _on_storage_free(self) -> None:
         # The driver's on_idle hook: called as its storage job ends, before the node loop
@@ -649,6 +660,10 @@ class RaftBackend(Backend):
             log.error("proposal failed unexpectedly", exc_info=exc)
             self._fail_group(group, UnknownOutcome())
         self._inflight.discard(rec)
+        if (self._pending and not self._scheduled
+                and len(self._inflight) < self.max_records_in_flight):
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
         if not self._inflight and self._drained:
             waiters, self._drained = self._drained, []
             for w in waiters:

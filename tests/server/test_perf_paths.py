@@ -85,6 +85,50 @@ def test_writes_arriving_while_the_driver_is_busy_become_one_record(tmp_path, ru
     run(main())
 
 
+def test_writes_arriving_while_a_record_is_in_flight_become_one_record(tmp_path, run):
+    """The records-in-flight gate (max_records_in_flight, default 1): the leader's storage
+    is free, but its record waits for the (slow) peers; what arrives meanwhile becomes
+    ONE next record. With the gate opened wide the same writes go as records of their own."""
+    async def main():
+        c = await Cluster(tmp_path, election_tick=500).start()    # no election over slow hops
+        try:
+            leader = await c.writable_leader()
+            assert leader.max_records_in_flight == 1
+            c.net.latency_s = 0.2                 # each peer hop: 200 ms
+
+            async def burst(first_value: int, n: int):
+                r0 = leader.records
+                first = asyncio.ensure_future(leader.submit([xadd(b"s", b"*", n=str(first_value))]))
+                await until(lambda: leader.records == r0 + 1 and not leader.driver.busy
+                            and not leader._untaken, "the first record appended and synced")
+                later = []
+                for i in range(n):            # each once the leader's storage is free again
+                    later.append(asyncio.ensure_future(
+                        leader.submit([xadd(b"s", b"*", n=str(first_value + 1 + i))])))
+                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)
+                    await until(lambda: not leader.driver.busy and not leader._untaken, "storage free")
+                during = leader.records - r0
+                await first
+                for f in later:
+                    await f
+                return during, leader.records - r0
+
+            during, total = await burst(0, 20)
+            assert during == 1                    # all 20 gathered behind the first record
+            assert total == 2                     # ... and went as one record
+            leader.max_records_in_flight = 1000   # the gate open: no gathering behind it
+            during, total = await burst(100, 20)
+            assert during == 21                   # each went while the others were in flight
+            c.net.latency_s = 0.0
+            await c.converged()
+            for n in (1, 2, 3):
+                assert await c.b[n].read([b"XLEN", b"s"], linearizable=False) == 42
+        finally:
+            await c.close()
+    run(main())
+
+
 def test_full_records_go_at_once_while_gathering(tmp_path, run, monkeypatch):
     async def main():
         monkeypatch.setattr(raft_backend, "MAX_REQUESTS", 4)
