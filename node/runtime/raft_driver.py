@@ -54,6 +54,9 @@ Outcomes a caller can see (all DriverError, all carry group_id):
                         failure). Never reported as failure: it might commit.
   ReadFailed            a linearizable read could not be confirmed. Safe to retry.
 
+Linearizable reads (read_index()) are batched into one ReadIndex round per pump
+and answered once applied here: read_index.py (ReadIndexQueue).
+
 Proposals come with a future (propose(): the caller awaits it) or a plain
 callback (propose_nowait(): called synchronously from inside the driver,
 e.g. from apply — no task and no future hop per record; RaftBackend uses it).
@@ -68,7 +71,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import heapq
 import logging
 import os
 import random
@@ -80,9 +82,10 @@ from ..raft.codec import decode_conf_change_entry
 from ..raft.config import Config
 from ..raft.rawnode import RawNode, Status
 from ..raft.types import NONE, ConfChange, ConfChangeError, ConfChangeV2, ConfState, Entry, EntryType, \
-    HardState, Message, ProposalDropped as CoreProposalDropped, Ready, ReadState, Snapshot, \
+    HardState, Message, ProposalDropped as CoreProposalDropped, Ready, Snapshot, \
     SnapshotMetadata, StateRole, StepError
 from .disk_storage import DiskStorage
+from .read_index import ReadIndexQueue, settle
 
 log = logging.getLogger("xraft.driver")
 
@@ -122,15 +125,6 @@ class _Proposal:
         self.timer: Optional[asyncio.TimerHandle] = None
 
 
-class _Read:
-    __slots__ = ("fut", "timer", "index")
-
-    def __init__(self, fut: asyncio.Future):
-        self.fut = fut
-        self.timer: Optional[asyncio.TimerHandle] = None
-        self.index = 0
-
-
 class _Callback:
     """A proposer's callback in place of a future (propose_nowait): the same done()/set_*
     surface, so every path that settles a proposal works unchanged. Called synchronously,
@@ -164,17 +158,6 @@ def _entries_bytes(entries: Sequence[Entry]) -> int:
     for e in entries:
         n += len(e.data) + 32
     return n
-
-
-def _settle(fut: asyncio.Future, result: Any = None, exc: Optional[BaseException] = None) -> bool:
-    """Resolve unless already done (expired or cancelled); True if this call resolved it."""
-    if fut.done():
-        return False
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)
-    return True
 
 
 class GroupDriver:
@@ -218,12 +201,7 @@ class GroupDriver:
         self._pending: dict[int, _Proposal] = {}  # index -> proposal appended in _lead_term
         self._lead_term = 0
         self._inflight = 0  # Invariant: == len(_queue) + len(_pending)
-        self._read_queue: list[_Read] = []  # not yet given to the core
-        self._reads_by_ctx: dict[bytes, tuple[int, int, list[_Read]]] = {}  # ctx -> (term, lead, reads)
-        self._reads_waiting: list[tuple[int, int, _Read]] = []  # heap (index, seq, read): awaiting apply
-        self._read_count = 0  # Invariant: reads not yet resolved or dropped from our structures
-        self._read_seq = 0
-        self._ctx_prefix = os.urandom(8)  # read contexts never collide with a previous incarnation's
+        self._reads = ReadIndexQueue(group_id, options.max_pending_reads)  # linearizable reads
         self._unsynced_commit_saves = 0
         self._log_bounds = (storage.first_index(), storage.last_index())  # as of the last storage job
         # on_change(SoftStateChange), loop thread, from inside pump(): must be quick and must not
@@ -305,15 +283,9 @@ class GroupDriver:
         r = self.rn.raft
         if r.lead == NONE:
             raise NotLeader(self.group_id, NONE, r.term)
-        if self._read_count >= self.options.max_pending_reads:
-            raise ReadFailed(self.group_id, "too many pending reads")
-        rd = _Read(self.host.loop.create_future())
-        if timeout is not None:
-            rd.timer = self.host.loop.call_later(timeout, self._expire_read, rd)
-        self._read_queue.append(rd)
-        self._read_count += 1
+        fut = self._reads.add(self.host.loop, timeout)
         self.host.mark_dirty(self)
-        return await rd.fut
+        return await fut
 
     async def transfer_leader(self, to: int) -> None:
         """Ask the leader to hand leadership to `to` (returns once the request is stepped)."""
@@ -378,8 +350,8 @@ class GroupDriver:
             n, self.pending_ticks = self.pending_ticks, 0
             for _ in range(n):
                 rn.tick()
-            if n and self._reads_by_ctx:
-                self._prune_reads()
+            if n and self._reads.in_round:
+                self._reads.prune()
             if self._unreachable:
                 for peer in self._unreachable:
                     rn.report_unreachable(peer)
@@ -394,14 +366,14 @@ class GroupDriver:
                 try:
                     fn()
                 except CoreProposalDropped as exc:
-                    _settle(fut, exc=ProposalDropped(self.group_id, exc.reason))
+                    settle(fut, exc=ProposalDropped(self.group_id, exc.reason))
                 else:
-                    _settle(fut)
+                    settle(fut)
             self._check_leadership()
             if self._queue:
                 self._propose_queued()
-            if self._read_queue:
-                self._issue_reads()
+            if self._reads.queued:
+                self._reads.issue(rn)
             if rn.has_ready():
                 self._handle_ready(rn.ready())
         except Exception as exc:
@@ -469,10 +441,10 @@ class GroupDriver:
     def _expire(self, p: _Proposal) -> None:
         if p.state == _QUEUED:
             # Still in our queue: _propose_queued() skips it, so it never reaches the log.
-            _settle(p.fut, exc=ProposalDropped(self.group_id, "deadline passed before it was proposed"))
+            settle(p.fut, exc=ProposalDropped(self.group_id, "deadline passed before it was proposed"))
         else:
             # Stays in _pending (counted in flight) until its index is applied or leadership ends.
-            _settle(p.fut, exc=UnknownOutcome(self.group_id, "deadline passed", p.term, p.index))
+            settle(p.fut, exc=UnknownOutcome(self.group_id, "deadline passed", p.term, p.index))
 
     def _propose_queued(self) -> None:
         r = self.rn.raft
@@ -481,7 +453,7 @@ class GroupDriver:
             while q:
                 p = q.popleft()
                 self._done(p)
-                _settle(p.fut, exc=NotLeader(self.group_id, r.lead, r.term))
+                settle(p.fut, exc=NotLeader(self.group_id, r.lead, r.term))
             return
         self._lead_term = r.term
         rn, log_ = self.rn, r.raft_log
@@ -507,7 +479,7 @@ class GroupDriver:
                     rn.propose_conf_change(p.cc)
                 except CoreProposalDropped as exc:
                     self._done(p)
-                    _settle(p.fut, exc=ProposalDropped(self.group_id, exc.reason))
+                    settle(p.fut, exc=ProposalDropped(self.group_id, exc.reason))
                     continue
                 run = [p]
             else:
@@ -516,7 +488,7 @@ class GroupDriver:
                 except CoreProposalDropped as exc:  # all or nothing: none was appended
                     for p in run:
                         self._done(p)
-                        _settle(p.fut, exc=ProposalDropped(self.group_id, exc.reason))
+                        settle(p.fut, exc=ProposalDropped(self.group_id, exc.reason))
                     continue
             # A leader's propose appends synchronously at the end of its log, in order.
             last = log_.last_index()
@@ -544,76 +516,14 @@ class GroupDriver:
         r = self.rn.raft
         if self._pending and (r.state != StateRole.LEADER or r.term != self._lead_term):
             self._fail_pending(f"leadership lost (now term {r.term}, leader {r.lead or 'unknown'})")
-        if self._reads_by_ctx:
-            stale = [ctx for ctx, (term, lead, _) in self._reads_by_ctx.items()
-                     if term != r.term or lead != r.lead]
-            for ctx in stale:
-                # The leader that was to confirm these reads is gone; its answer may never come.
-                for rd in self._reads_by_ctx.pop(ctx)[2]:
-                    self._read_done(rd, exc=ReadFailed(self.group_id, "leader changed"))
+        if self._reads.in_round:
+            self._reads.fail_stale(r.term, r.lead)
 
     def _fail_pending(self, reason: str) -> None:
         pending, self._pending = self._pending, {}
         for p in pending.values():
             self._done(p)
-            _settle(p.fut, exc=UnknownOutcome(self.group_id, reason, p.term, p.index))
-
-    # ------------------------------------------------ reads
-
-    def _issue_reads(self) -> None:
-        queued, self._read_queue = self._read_queue, []
-        reads = []
-        for rd in queued:
-            if rd.fut.done():  # expired or cancelled before it was issued
-                self._read_done(rd)
-            else:
-                reads.append(rd)
-        if not reads:
-            return
-        r = self.rn.raft
-        self._read_seq += 1
-        ctx = self._ctx_prefix + self._read_seq.to_bytes(8, "big")
-        try:
-            # One ReadIndex round for every read queued since the last iteration.
-            self.rn.read_index(ctx)
-        except CoreProposalDropped as exc:
-            for rd in reads:
-                self._read_done(rd, exc=ReadFailed(self.group_id, exc.reason))
-            return
-        self._reads_by_ctx[ctx] = (r.term, r.lead, reads)
-
-    def _on_read_state(self, rs: ReadState) -> None:
-        entry = self._reads_by_ctx.pop(rs.request_ctx, None)
-        if entry is None:
-            return  # not ours (an earlier incarnation's) or already failed
-        for rd in entry[2]:
-            rd.index = rs.index
-            self._read_seq += 1
-            heapq.heappush(self._reads_waiting, (rs.index, self._read_seq, rd))
-
-    def _resolve_reads(self) -> None:
-        w = self._reads_waiting
-        while w and w[0][0] <= self.applied:
-            _, _, rd = heapq.heappop(w)
-            self._read_done(rd, result=rd.index)
-
-    def _expire_read(self, rd: _Read) -> None:
-        # Stays in its structure until reached; the count is released there.
-        _settle(rd.fut, exc=ReadFailed(self.group_id, "deadline passed"))
-
-    def _read_done(self, rd: _Read, result: Any = None, exc: Optional[BaseException] = None) -> None:
-        self._read_count -= 1
-        if rd.timer is not None:
-            rd.timer.cancel()
-        _settle(rd.fut, result, exc)
-
-    def _prune_reads(self) -> None:
-        """Forget ReadIndex requests whose callers all gave up: the core may drop a
-        forwarded read silently, and then no ReadState ever comes for its ctx."""
-        dead = [ctx for ctx, (_, _, reads) in self._reads_by_ctx.items() if all(rd.fut.done() for rd in reads)]
-        for ctx in dead:
-            for rd in self._reads_by_ctx.pop(ctx)[2]:
-                self._read_done(rd)
+            settle(p.fut, exc=UnknownOutcome(self.group_id, reason, p.term, p.index))
 
     # ------------------------------------------------ Ready handling
 
@@ -719,7 +629,7 @@ class GroupDriver:
         self.host.mark_dirty(self)
         waiters, self._idle_waiters = self._idle_waiters, []
         for w in waiters:
-            _settle(w)
+            settle(w)
         cb = self.on_idle
         if cb is not None:
             try:
@@ -754,10 +664,10 @@ class GroupDriver:
         for e in rd.committed_entries:
             self._apply(e)
         for rs in rd.read_states:
-            self._on_read_state(rs)
+            self._reads.on_read_state(rs)
         self.rn.advance(rd)
-        if self._reads_waiting:
-            self._resolve_reads()
+        if self._reads.waiting:
+            self._reads.resolve(self.applied)
         if rd.soft_state is not None:
             self._check_leadership()
 
@@ -804,7 +714,7 @@ class GroupDriver:
             err = ProposalDropped(self.group_id, f"log index {e.index} committed with term {e.term}'s entry")
         elif p.cc is not None and e.type == EntryType.NORMAL:
             err = ProposalDropped(self.group_id, "conf change refused by the leader (one is pending)")
-        _settle(p.fut, result, err)
+        settle(p.fut, result, err)
 
     # ------------------------------------------------ snapshots
 
@@ -835,21 +745,13 @@ class GroupDriver:
         """Resolve every caller: queued -> ProposalDropped, in the log -> UnknownOutcome."""
         actions, self._actions = self._actions, deque()
         for _, fut in actions:
-            _settle(fut, exc=ProposalDropped(self.group_id, reason))
+            settle(fut, exc=ProposalDropped(self.group_id, reason))
         q, self._queue = self._queue, deque()
         for p in q:
             self._done(p)
-            _settle(p.fut, exc=ProposalDropped(self.group_id, reason))
+            settle(p.fut, exc=ProposalDropped(self.group_id, reason))
         self._fail_pending(reason)
-        reads = list(self._read_queue)
-        self._read_queue = []
-        for _, _, rs in self._reads_by_ctx.values():
-            reads.extend(rs)
-        self._reads_by_ctx.clear()
-        reads.extend(rd for _, _, rd in self._reads_waiting)
-        self._reads_waiting = []
-        for rd in reads:
-            self._read_done(rd, exc=ReadFailed(self.group_id, reason))
+        self._reads.fail_all(reason)
 
     def close_storage(self, sync: bool = True) -> None:
         """Blocking: sync (clean shutdown) and close the storage. Never while busy."""
