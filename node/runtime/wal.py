@@ -1,4 +1,4 @@
-"""Write-ahead log: CRC-framed records in append-only segment files, group commit.
+"""Write-ahead log: CRC-framed records in segment files written ahead into zeros, group commit.
 
 The WAL stores opaque payloads tagged with a record type; what a payload means
 (entries, hard state, markers) is disk_storage.py's business. This module owns
@@ -11,9 +11,14 @@ Directory
     <dir>/*.tmp                                    half-created segments; deleted at open
 
 Segment file
-    +----------------------+------------------+---------------------+
-    | header (32 bytes)    | record | record  | ...                 |
-    +----------------------+------------------+---------------------+
+    +-------------------+--------+--------+-----+---------------------------+
+    | header (32 bytes) | record | record | ... | zero-filled (0 or more)   |
+    +-------------------+--------+--------+-----+---------------------------+
+    0                                           ^ size (logical)            ^ file length
+    Records end at the segment's logical size; from there to the file's length
+    the bytes are zeros written ahead (see "Zero-ahead"). Sealed segments are
+    truncated to their logical size at rotation, so normally only the active
+    one has a zero tail.
 
 Segment header (32 bytes, big-endian)
     +----------+---------+-------+---------+-------------+------------+
@@ -45,21 +50,48 @@ that entry indexes connect.
 Torn tail vs corruption. Replay verifies every record of every segment. A
 record that fails (short header, length over the limit or past EOF, unknown
 type, CRC mismatch) at offset `off`:
-  * in any segment but the last -> WalCorruption(file, off); refuse to open.
-  * in the last segment, if some byte offset after `off` starts a record that
-    fully verifies -> WalCorruption: bytes after the damage reached the disk,
-    so this is not an interrupted append (a flipped bit, or a torn write
+  * if every byte from `off` to EOF is zero -> the clean end of the segment's
+    records, in any segment; no warning, no repair. Type 0 never parses, so
+    zeros are never taken for a record (and a torn write of which only zero
+    bytes landed is zeros like any other). The last segment keeps its zeros
+    (writing continues at `off`); a non-last one can have a zero tail only
+    after a crash between a zero-ahead write and the truncation at rotation,
+    and is left as it is. Records that zeros replaced cannot go unnoticed:
+    DiskStorage checks that entry indexes connect across segments.
+  * else in any segment but the last -> WalCorruption(file, off); refuse to open.
+  * else in the last segment, if some byte offset after `off` starts a record
+    that fully verifies -> WalCorruption: bytes after the damage reached the
+    disk, so this is not an interrupted write (a flipped bit, or a torn write
     whose later sectors landed; both are refused rather than guessed at).
   * otherwise it is a torn tail: the segment is truncated to `off` and the WAL
     continues. Only the last sync's write can be torn, and its records were
-    never reported durable, so nobody was told about them.
+    never reported durable, so nobody was told about them. (A torn write into
+    zero-filled space leaves zeros after its landed part; those are dropped
+    with it and the next sync writes zeros ahead again.)
 
 Group commit: append() only buffers (and returns each record's future
-position); sync() writes the whole buffer with one os.write and, per the fsync
-policy, one fdatasync. Rotation happens only at the end of a sync(), when the
-active segment has reached segment_bytes; the new segment is created complete
+position); sync() writes the whole buffer with one os.pwrite at the active
+segment's logical size and, per the fsync policy, one fdatasync. Rotation
+happens only at the end of a sync(), when the active segment's logical size
+has reached segment_bytes; the sealed segment is truncated to its logical size
+(and fdatasynced unless fsync=never), then the new segment is created complete
 (header + prologue records supplied by the owner) under a .tmp name, fsynced,
 renamed and the directory fsynced, so a segment file never exists half-made.
+
+Zero-ahead. An fdatasync after an append must also commit the file's new size,
+a metadata change that goes through the filesystem journal (ext4: one journal
+per filesystem, shared by the three node processes of a local cluster, and a
+follower's fsync is on the path of every acknowledged write). Overwriting bytes
+the file already has needs no metadata, so fdatasync only flushes data blocks.
+Measured with 3 processes each writing 300 bytes + fdatasync in a loop:
+appending 0.215 ms p50 per fdatasync, overwriting written zeros 0.125 ms p50.
+So the active segment is written with pwrite at its logical end (no O_APPEND),
+and a sync() whose write would pass the file's length carries, in the same
+single write, zeros up to the next multiple of zero_ahead_bytes (never past
+segment_bytes, where the segment rotates anyway): the size changes once per
+chunk, not once per sync. The zeros are really written: fallocate'd extents
+are "unwritten", and converting them on first overwrite is a metadata change
+again.
 """
 from __future__ import annotations
 
@@ -98,6 +130,12 @@ MAX_PENDING_BYTES = 256 * MIB
 # Nothing this WAL writes can be larger; a bigger file is not ours.
 MAX_SEGMENT_FILE_BYTES = MAX_SEGMENT_BYTES + MAX_PENDING_BYTES + SEGMENT_HEADER_BYTES
 MAX_SEGMENTS = 1_000_000
+# Zero-ahead chunk: the active segment's file grows this much at a time (see the
+# module docstring), so its size, a journal commit, changes once per chunk.
+ZERO_AHEAD_BYTES = 1 * MIB
+# Bounds the zeros one sync() may write on top of its records.
+MAX_ZERO_AHEAD_BYTES = 64 * MIB
+_ZEROS = bytes(MIB)  # compared against, never written: tails are checked a chunk at a time
 MAX_INDEX = (1 << 63) - 1
 
 _SEGMENT_NAME = re.compile(r"^wal-([0-9a-f]{16})-([0-9a-f]{16})\.log$")
@@ -192,6 +230,9 @@ class WalOptions:
     segment_bytes: int = DEFAULT_SEGMENT_BYTES  # rotate once the active segment reaches this
     batch_interval_ms: int = 10  # BATCH: fdatasync at least this often (by the caller's clock)
     batch_bytes: int = 1 * MIB  # BATCH: ... or once this many bytes are unsynced
+    # The active segment's file is extended with zeros to a multiple of this (0: no zero-ahead,
+    # every sync extends the file). Only speed depends on it; any value reads any WAL.
+    zero_ahead_bytes: int = ZERO_AHEAD_BYTES
 
     def validate(self) -> None:
         if not isinstance(self.fsync, FsyncPolicy):
@@ -201,6 +242,8 @@ class WalOptions:
                              f"[{MIN_SEGMENT_BYTES}, {MAX_SEGMENT_BYTES}]")
         if self.batch_interval_ms < 0 or self.batch_bytes < 0:
             raise ValueError("batch_interval_ms and batch_bytes must be >= 0")
+        if not 0 <= self.zero_ahead_bytes <= MAX_ZERO_AHEAD_BYTES:
+            raise ValueError(f"zero_ahead_bytes {self.zero_ahead_bytes} not in [0, {MAX_ZERO_AHEAD_BYTES}]")
 
 
 @dataclass
@@ -208,7 +251,9 @@ class _Segment:
     seq: int  # Invariant: consecutive across the directory's segments
     first_index: int  # log index expected next when the segment was created (release hint)
     path: str
-    size: int  # bytes of the file that hold verified or written records
+    # Logical size: end of the last verified or written record; for the active
+    # segment, where the next write goes. The file may be longer (zeros), never shorter.
+    size: int
 
 
 @dataclass(frozen=True)
@@ -275,6 +320,25 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def _all_zero(buf: bytes, off: int) -> bool:
+    """True if every byte of buf[off:] is zero (memcmp a chunk at a time, not a Python loop)."""
+    n = len(buf)
+    while off < n:
+        chunk = buf[off:off + len(_ZEROS)]
+        if chunk != _ZEROS[:len(chunk)]:
+            return False
+        off += len(chunk)
+    return True
+
+
 def _check_record_at(buf: bytes, off: int, path: str) -> tuple[int, int, bytes, str]:
     """Verify the record at `off`: (type, end offset, payload, "") or (0, 0, b"", why not)."""
     n = len(buf)
@@ -316,7 +380,10 @@ class Wal:
         self.options = options
         self._segment_start = segment_start
         self._segments: list[_Segment] = []  # Invariant: sorted by seq, consecutive; last is active
-        self._fd = -1  # write fd of the active segment (O_APPEND)
+        self._fd = -1  # write fd of the active segment; written with pwrite at its logical size
+        # Invariant: the active segment file's length: >= its logical size, and every byte
+        # between the two is zero. Writes below it overwrite zeros (no size change).
+        self._zeroed_end = 0
         self._lock_fd = -1
         self._read_fds: dict[int, int] = {}  # seq -> read-only fd, opened on demand
         self._pending: list[bytes] = []  # framed records not yet written
@@ -415,7 +482,10 @@ class Wal:
         if not segs:
             self._create_segment(1)
         else:
-            self._fd = os.open(segs[-1].path, os.O_WRONLY | os.O_APPEND)
+            self._fd = os.open(segs[-1].path, os.O_WRONLY)
+            # The zeros after the last record stay: the next writes overwrite them.
+            self._zeroed_end = os.fstat(self._fd).st_size
+            invariant(self._zeroed_end >= segs[-1].size, "active segment file covers its records")
 
     def _verify_segment(self, seg: _Segment, is_last: bool) -> list[WalRecord]:
         size = os.path.getsize(seg.path)
@@ -443,6 +513,9 @@ class Wal:
         while off < size:
             rtype, end, payload, why = _check_record_at(buf, off, seg.path)
             if not rtype:
+                if _all_zero(buf, off):
+                    size = off  # zero-filled space: the clean end of the records
+                    break
                 if not is_last:
                     raise WalCorruption(why, seg.path, off)
                 later = _valid_record_after(buf, off, seg.path)
@@ -491,17 +564,35 @@ class Wal:
             fsync_dir(self.dir)
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self._fd = os.open(path, os.O_WRONLY)
+        self._zeroed_end = len(data)  # no zeros yet: the first sync() writes them ahead
         self._segments.append(_Segment(seq, first_index, path, len(data)))
         self._last_fsync_ms = None
 
     def _rotate(self) -> None:
         invariant(not self._pending and self._unsynced_bytes == 0 or
                   self.options.fsync is not FsyncPolicy.ALWAYS, "rotation only after a full sync")
-        if self.options.fsync is not FsyncPolicy.NEVER and self._unsynced_bytes:
+        sealed = self._segments[-1]
+        invariant(self._zeroed_end >= sealed.size, "active segment file covers its records")
+        # Sealed segments keep no zero tail. If a crash leaves one anyway, replay reads
+        # it as the clean end of the records, so the order against the new segment's
+        # creation does not matter for correctness, only for tidiness.
+        truncated = self._zeroed_end > sealed.size
+        if truncated:
+            os.ftruncate(self._fd, sealed.size)
+            self._zeroed_end = sealed.size
+        if self.options.fsync is not FsyncPolicy.NEVER and (self._unsynced_bytes or truncated):
             _fdatasync(self._fd)
             self._unsynced_bytes = 0
-        self._create_segment(self._segments[-1].seq + 1)
+        self._create_segment(sealed.seq + 1)
+
+    def _zero_ahead_end(self, end: int) -> int:
+        """Where the file should end after a write of records ending at `end` past its length."""
+        chunk = self.options.zero_ahead_bytes
+        limit = self.options.segment_bytes
+        if chunk == 0 or end >= limit:
+            return end  # off, or this sync rotates: zeros would be truncated right away
+        return min(-(-end // chunk) * chunk, limit)
 
     # ------------------------------------------------ write side
 
@@ -532,10 +623,18 @@ class Wal:
         """
         self._check_open()
         if self._pending:
-            data = b"".join(self._pending)
-            _write_all(self._fd, data)
-            self._segments[-1].size += len(data)
-            self._unsynced_bytes += len(data)
+            active = self._segments[-1]
+            end = active.size + self._pending_bytes
+            parts = self._pending
+            if end > self._zeroed_end:
+                # Past the file's length: the size changes anyway, so change it once for a
+                # whole chunk. Zeros ride in the same write (one write per sync).
+                parts = [*parts, bytes(self._zero_ahead_end(end) - end)]
+            data = b"".join(parts)
+            _pwrite_all(self._fd, data, active.size)
+            self._zeroed_end = max(self._zeroed_end, active.size + len(data))
+            active.size = end
+            self._unsynced_bytes += self._pending_bytes
             self._pending.clear()
             self._pending_at.clear()
             self._pending_bytes = 0

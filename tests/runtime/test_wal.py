@@ -1,13 +1,19 @@
 """WAL record/segment layer on real files: framing, group commit, torn tails, corruption, rotation."""
 import logging
 import os
+import random
 import shutil
+import tempfile
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from xraft.node.runtime.wal import (
+    MAX_ZERO_AHEAD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
+    ZERO_AHEAD_BYTES,
     FsyncPolicy,
     RecordPos,
     RecordType,
@@ -45,6 +51,17 @@ def only_segment(path):
     return os.path.join(path, segs[0])
 
 
+def framed_size(records):
+    return sum(len(encode_record(t, p)) for t, p in records)
+
+
+def tail_after(path, offset):
+    """The bytes of the file at `path` from `offset` to its end."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read()
+
+
 def test_round_trip_and_positions(tmp_path):
     recs = sample_records(20)
     positions = write_records(tmp_path / "w", recs)
@@ -61,11 +78,13 @@ def test_append_only_buffers_until_sync(tmp_path):
     wal, _, _ = open_wal(tmp_path)
     seg = only_segment(tmp_path)
     before = os.path.getsize(seg)
+    assert before == wal.active_segment_size()  # a new segment: header + prologue, no zeros yet
     pos = wal.append(sample_records(5))
     assert os.path.getsize(seg) == before  # group commit: nothing written yet
     assert wal.read_record(pos[2]) == sample_records(5)[2]  # readable from the buffer
     assert wal.sync() is True
-    assert os.path.getsize(seg) == before + sum(len(encode_record(t, p)) for t, p in sample_records(5))
+    assert wal.active_segment_size() == before + framed_size(sample_records(5))
+    assert os.path.getsize(seg) == ZERO_AHEAD_BYTES  # zeros written ahead in the same write
     wal.close()
 
 
@@ -120,19 +139,24 @@ def test_torn_tail_cut_at_every_byte_of_last_record(tmp_path):
     recs = sample_records(6)
     positions = write_records(tmp_path / "base", recs)
     seg_name = os.path.basename(only_segment(tmp_path / "base"))
-    size = os.path.getsize(tmp_path / "base" / seg_name)
     last_off = positions[-1].offset
+    last = encode_record(*recs[-1])
+    size = last_off + len(last)  # the logical end; zeros follow it
     for cut in range(last_off, size):
         d = tmp_path / f"cut{cut}"
         shutil.copytree(tmp_path / "base", d)
         os.truncate(d / seg_name, cut)
         wal, got, _ = open_wal(d)
         assert got == recs[:-1], cut
-        if cut == last_off:
-            assert wal.repaired is None  # a clean record boundary is not a repair
+        if not any(last[:cut - last_off]):
+            # A clean record boundary, or only the length's high zero bytes landed: that is
+            # zero-filled space, the clean end of the records. Nothing to repair; the next
+            # write goes at last_off over those zeros.
+            assert wal.repaired is None and os.path.getsize(d / seg_name) == cut
         else:
             assert wal.repaired.offset == last_off and wal.repaired.dropped_bytes == cut - last_off
-        assert os.path.getsize(d / seg_name) == last_off
+            assert os.path.getsize(d / seg_name) == last_off
+        assert wal.active_segment_size() == last_off
         # The WAL continues after the repair.
         wal.append([(RecordType.HARD_STATE, b"after repair")])
         wal.sync()
@@ -142,7 +166,7 @@ def test_torn_tail_cut_at_every_byte_of_last_record(tmp_path):
         shutil.rmtree(d)
 
 
-def test_crc_failing_last_record_and_zero_tail_are_torn(tmp_path):
+def test_crc_failing_last_record_is_torn_and_zero_tail_is_clean(tmp_path, caplog):
     recs = sample_records(4)
     positions = write_records(tmp_path, recs)
     seg = only_segment(tmp_path)
@@ -154,10 +178,14 @@ def test_crc_failing_last_record_and_zero_tail_are_torn(tmp_path):
     wal, got, _ = open_wal(tmp_path)
     assert got == recs[:-1] and wal.repaired.offset == positions[-1].offset
     wal.close()
-    with open(seg, "ab") as f:  # a size extension whose blocks never landed: zeros
+    assert os.path.getsize(seg) == positions[-1].offset  # the zeros after it went too
+    with open(seg, "ab") as f:  # zeros written ahead (or a size extension whose blocks never landed)
         f.write(bytes(5000))
-    wal, got, _ = open_wal(tmp_path)
-    assert got == recs[:-1] and wal.repaired.dropped_bytes == 5000
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="xraft.wal"):
+        wal, got, _ = open_wal(tmp_path)
+    assert got == recs[:-1] and wal.repaired is None and not caplog.records
+    assert os.path.getsize(seg) == positions[-1].offset + 5000  # kept: writes overwrite them
     wal.close()
 
 
@@ -266,3 +294,207 @@ def test_rotation_prologue_and_release(tmp_path):
     wal.close()
     _, got, _ = open_wal(tmp_path, opts, segment_start=start)
     assert got[0] == (RecordType.HARD_STATE, b"prologue@%d" % (firsts[-1] - 1))
+
+
+# ---------------------------------------------------------------- zero-ahead
+
+
+def record_ends(seen):
+    """seq -> end of the last record replay saw in that segment (its logical size)."""
+    ends = {}
+    for r in seen:
+        ends[r.seq] = max(ends.get(r.seq, 0), r.offset + RECORD_HEADER_BYTES + len(r.payload))
+    return ends
+
+
+def test_zero_ahead_option_bounds():
+    WalOptions(zero_ahead_bytes=0).validate()
+    WalOptions(zero_ahead_bytes=MAX_ZERO_AHEAD_BYTES).validate()
+    for bad in (-1, MAX_ZERO_AHEAD_BYTES + 1):
+        with pytest.raises(ValueError, match="zero_ahead_bytes"):
+            WalOptions(zero_ahead_bytes=bad).validate()
+
+
+def test_active_segment_is_written_ahead_into_zeros_and_reopens_exactly(tmp_path, caplog):
+    wal, _, _ = open_wal(tmp_path)
+    seg = only_segment(tmp_path)
+    recs = sample_records(30, size=300)
+    positions = []
+    for k in range(0, 30, 3):
+        positions += wal.append(recs[k:k + 3])
+        assert wal.sync() is True
+    logical = wal.active_segment_size()
+    assert logical == SEGMENT_HEADER_BYTES + framed_size(recs)
+    assert os.path.getsize(seg) == ZERO_AHEAD_BYTES > logical
+    assert tail_after(seg, logical) == bytes(ZERO_AHEAD_BYTES - logical)
+    wal.close()
+
+    with caplog.at_level(logging.WARNING, logger="xraft.wal"):
+        wal, got, seen = open_wal(tmp_path)
+    assert got == recs and [RecordPos(r.seq, r.offset) for r in seen] == positions
+    assert wal.repaired is None and not caplog.records  # a zero tail is no repair
+    assert wal.active_segment_size() == logical and os.path.getsize(seg) == ZERO_AHEAD_BYTES
+    more = [(RecordType.ENTRIES, b"after reopen %d" % i) for i in range(5)]
+    more_pos = wal.append(more)
+    assert more_pos[0] == RecordPos(1, logical)  # continues at the logical end, not the file's
+    assert wal.sync() is True
+    assert os.path.getsize(seg) == ZERO_AHEAD_BYTES  # overwrote zeros: no size change
+    for pos, rec in zip(positions + more_pos, recs + more):
+        assert wal.read_record(pos) == rec
+    wal.close()
+
+    wal, got, _ = open_wal(tmp_path)
+    assert got == recs + more and wal.repaired is None
+    assert tail_after(seg, wal.active_segment_size()) == bytes(ZERO_AHEAD_BYTES - wal.active_segment_size())
+    wal.close()
+
+
+def test_zero_ahead_off_writes_only_records(tmp_path):
+    wal, _, _ = open_wal(tmp_path, WalOptions(zero_ahead_bytes=0))
+    wal.append(sample_records(4))
+    wal.sync()
+    assert os.path.getsize(only_segment(tmp_path)) == wal.active_segment_size()
+    wal.close()
+    assert open_wal(tmp_path)[1] == sample_records(4)
+
+
+def rotated_wal(path, opts, n=40, size=500):
+    wal, _, _ = open_wal(path, opts)
+    recs = [(RecordType.ENTRIES, b"%d:" % i + bytes(size)) for i in range(n)]
+    for rec in recs:
+        wal.append([rec])
+        wal.sync()
+    return wal, recs
+
+
+def test_rotation_truncates_sealed_segments_to_their_logical_size(tmp_path):
+    opts = WalOptions(segment_bytes=4096, zero_ahead_bytes=1024)
+    wal, recs = rotated_wal(tmp_path, opts)
+    paths = wal.segment_paths()
+    assert len(paths) >= 5
+    active_size = wal.active_segment_size()
+    wal.close()
+    _, got, seen = open_wal(tmp_path, opts)
+    assert got == recs
+    ends = record_ends(seen)
+    for k, p in enumerate(paths[:-1]):
+        assert os.path.getsize(p) == ends[k + 1], p  # sealed: no zero tail
+    assert ends.get(len(paths), SEGMENT_HEADER_BYTES) == active_size  # may hold no record yet
+    # The active one is zero-filled ahead, but never past segment_bytes.
+    assert active_size <= os.path.getsize(paths[-1]) <= max(4096, active_size)
+    assert tail_after(paths[-1], active_size) == bytes(os.path.getsize(paths[-1]) - active_size)
+
+
+def test_zero_tail_on_a_non_last_segment_is_its_clean_end(tmp_path, caplog):
+    opts = WalOptions(segment_bytes=4096)
+    wal, recs = rotated_wal(tmp_path, opts)
+    paths = wal.segment_paths()
+    assert len(paths) >= 4
+    wal.close()
+    # A crash between a zero-ahead write and the truncation at rotation: a sealed
+    # segment keeps zeros after its records (long, or shorter than a record header).
+    for p, zeros in ((paths[0], 1 << 20), (paths[1], 5), (paths[2], 3000)):
+        with open(p, "ab") as f:
+            f.write(bytes(zeros))
+    with caplog.at_level(logging.WARNING, logger="xraft.wal"):
+        wal, got, seen = open_wal(tmp_path, opts)
+    assert got == recs and wal.repaired is None and not caplog.records
+    for r in seen:  # positions in the zero-tailed segments stay readable
+        assert wal.read_record(RecordPos(r.seq, r.offset)) == (r.type, r.payload)
+    assert os.path.getsize(paths[0]) == record_ends(seen)[1] + (1 << 20)  # left as it is
+    wal.append([(RecordType.HARD_STATE, b"later")])
+    wal.sync()
+    wal.close()
+    assert open_wal(tmp_path, opts)[1] == recs + [(RecordType.HARD_STATE, b"later")]
+
+
+def test_torn_record_inside_the_zero_filled_region(tmp_path, caplog):
+    recs = sample_records(6)
+    write_records(tmp_path / "base", recs)
+    seg_name = os.path.basename(only_segment(tmp_path / "base"))
+    logical = SEGMENT_HEADER_BYTES + framed_size(recs)
+    physical = os.path.getsize(tmp_path / "base" / seg_name)
+    assert physical > logical + 1000
+    torn = encode_record(RecordType.ENTRIES, bytes(range(1, 201)))[:RECORD_HEADER_BYTES + 100]
+    valid = encode_record(RecordType.HARD_STATE, b"landed after the damage")
+
+    def damaged(name, writes):
+        d = tmp_path / name
+        shutil.copytree(tmp_path / "base", d)
+        with open(d / seg_name, "r+b") as f:
+            for off, data in writes:
+                f.seek(off)
+                f.write(data)
+        assert os.path.getsize(d / seg_name) == physical  # zeros still after the damage
+        return d
+
+    # Header + half a payload, zeros after it: the last sync's write, torn.
+    d = damaged("torn", [(logical, torn)])
+    with caplog.at_level(logging.WARNING, logger="xraft.wal"):
+        wal, got, _ = open_wal(d)
+    assert got == recs and "torn tail" in caplog.text
+    assert wal.repaired.offset == logical and wal.repaired.dropped_bytes == physical - logical
+    assert os.path.getsize(d / seg_name) == logical
+    pos = wal.append([(RecordType.HARD_STATE, b"after repair")])
+    assert pos == [RecordPos(1, logical)]
+    wal.sync()
+    wal.close()
+    assert open_wal(d)[1] == recs + [(RecordType.HARD_STATE, b"after repair")]
+
+    # A valid record after the damage, right after it or further into the zeros: corruption.
+    for name, writes in (("next", [(logical, torn), (logical + len(torn), valid)]),
+                         ("far", [(logical, torn), (logical + 4000, valid)]),
+                         ("zeros-then-valid", [(logical + 512, valid)])):
+        d = damaged(name, writes)
+        pristine = (d / seg_name).read_bytes()
+        with pytest.raises(WalCorruption, match="a valid record follows") as info:
+            open_wal(d)
+        assert info.value.offset == logical, name
+        assert (d / seg_name).read_bytes() == pristine  # never "repaired"
+
+
+def check_segment_files(wal):
+    """Sealed segments end at their last record; the active one has only zeros after it."""
+    paths = wal.segment_paths()
+    active = wal.active_segment_size()
+    physical = os.path.getsize(paths[-1])
+    assert physical >= active
+    assert tail_after(paths[-1], active) == bytes(physical - active)
+    return paths
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), chunk=st.sampled_from([1, 7, 64, 512, 1000, 4096]),
+       segment_bytes=st.sampled_from([4096, 10_000, 1 << 20]),
+       policy=st.sampled_from([FsyncPolicy.ALWAYS, FsyncPolicy.NEVER]))
+def test_many_chunk_boundaries_keep_every_record(seed, chunk, segment_bytes, policy):
+    rnd = random.Random(seed)
+    opts = WalOptions(fsync=policy, segment_bytes=segment_bytes, zero_ahead_bytes=chunk)
+    d = tempfile.mkdtemp(prefix="xraft-wal-zero-", dir=os.environ.get("XRAFT_TEST_DIR"))
+    try:
+        wal, _, _ = open_wal(d, opts)
+        written = []  # (pos, record)
+        for step in range(rnd.randint(1, 60)):
+            batch = [(rnd.choice(list(RecordType)), rnd.randbytes(rnd.choice([0, 1, 9, 50, 300, 2500])))
+                     for _ in range(rnd.randint(1, 5))]
+            written += zip(wal.append(batch), batch)
+            wal.sync()
+            check_segment_files(wal)
+            if rnd.random() < 0.1:  # restart: the zero tail is read back as the end
+                wal.close()
+                wal, got, _ = open_wal(d, opts)
+                assert got == [r for _, r in written] and wal.repaired is None
+        paths = check_segment_files(wal)
+        for pos, rec in written:
+            assert wal.read_record(pos) == rec
+        wal.close()
+        wal, got, seen = open_wal(d, opts)
+        assert got == [r for _, r in written] and wal.repaired is None
+        assert [RecordPos(r.seq, r.offset) for r in seen] == [p for p, _ in written]
+        ends = record_ends(seen)
+        for p in paths[:-1]:
+            seq = int(os.path.basename(p)[4:20], 16)
+            assert os.path.getsize(p) == ends[seq], p
+        wal.close()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
