@@ -30,6 +30,22 @@ at once), and when RaftBackend has just queued proposals (GroupDriver.kick).
 Each saves a loop turn on the commit path; the iteration scheduled for the
 same work then finds nothing left and costs one empty callback.
 
+Commit-only appends. When the leader's commit index moves, the core sends every
+follower an append with no entries that only carries the new commit (Raft
+thesis 3.5: followers learn commits from later appends or heartbeats). Under
+load the next record's append follows within a fraction of a millisecond and
+carries a commit at least as large, so the commit-only one is pure cost: a gRPC
+stream write here, a read, a Ready and an answer on the follower, another read
+here. send() therefore holds such an append (the latest per peer and group) for
+commit_hold_s; _flush() drops a held one that a later append of the same group
+to the same peer supersedes (same term, starting at or after its index, commit
+at least as large: the follower learns the same and answers for more);
+whatever is not superseded goes out when the hold ends. Dropping one is no
+different from the network losing it, which Raft tolerates; holding it delays
+only the followers' apply (stale follower reads), never an acknowledgement,
+which needs the leader's commit only. A lone write's commit reaches the
+followers commit_hold_s late (2 ms by default).
+
 fsyncs run in a thread pool (io_threads), except small follower appends
 (inline_sync_bytes; raft_driver.py "Inline sync"). A group has at most one storage
 job at a time (see raft_driver.py: "busy"), which keeps per-group ordering;
@@ -71,6 +87,10 @@ class MultiRaftOptions:
     max_batch_bytes: int = 4 << 20  # one transport send; a single larger message goes alone
     max_batch_messages: int = 10_000
     max_groups: int = 10_000
+    # An append that only carries a commit index (no entries) waits this long before it
+    # is sent, and is dropped if a later append to the same peer and group supersedes it
+    # meanwhile; 0: send at once. See "Commit-only appends" in the module docstring.
+    commit_hold_s: float = 0.002
     group: GroupOptions = field(default_factory=GroupOptions)
 
     def validate(self) -> None:
@@ -78,6 +98,8 @@ class MultiRaftOptions:
             raise ValueError("tick_interval_s must be > 0")
         if self.inline_sync_bytes < 0:
             raise ValueError("inline_sync_bytes must be >= 0")
+        if not 0 <= self.commit_hold_s <= 0.1:
+            raise ValueError("commit_hold_s must be in [0, 0.1]")
         if self.io_threads <= 0 or self.max_batch_bytes <= 0 or self.max_batch_messages <= 0 \
                 or self.max_groups <= 0:
             raise ValueError("io_threads, max_batch_bytes, max_batch_messages, max_groups must be > 0")
@@ -96,6 +118,8 @@ class LoopStats:
     sends_refused: int = 0
     batches_lost: int = 0  # reported lost by the transport after being accepted
     messages_received: int = 0
+    commits_held: int = 0  # commit-only appends held back (commit_hold_s)
+    commits_superseded: int = 0  # ... and dropped: a later append to the peer carried more
     unknown_group_messages: int = 0
 
 
@@ -133,6 +157,10 @@ class MultiRaft:
         self._scheduled = False  # an iteration is queued with call_soon
         self._dirty: dict[GroupDriver, None] = {}  # ordered set of groups to pump
         self._outbox: dict[int, list[tuple[int, Message]]] = {}
+        # peer -> {group: its latest commit-only append}, sent by _release_held() unless a
+        # later append of that group to that peer supersedes it first (_flush).
+        self._held: dict[int, dict[int, Message]] = {}
+        self._hold_handle: Optional[asyncio.TimerHandle] = None
         self._tick_due = False
         self._tick_handle: Optional[asyncio.TimerHandle] = None
         self._crashed_exc: Optional[BaseException] = None
@@ -197,6 +225,10 @@ class MultiRaft:
         self.closing = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        if self._hold_handle is not None:
+            self._hold_handle.cancel()
+            self._hold_handle = None
+        self._held.clear()
         # No iteration runs from here on (run_now() and a queued one see `closing`).
         # Storage jobs already in a thread run to completion; their callers are resolved
         # by them (applied) or below.
@@ -210,6 +242,15 @@ class MultiRaft:
     # ------------------------------------------------ DriverHost
 
     def send(self, group_id: int, m: Message) -> None:
+        if m.type == MessageType.APP and not m.entries and self.options.commit_hold_s:
+            held = self._held.get(m.to)
+            if held is None:
+                held = self._held[m.to] = {}
+            held[group_id] = m  # replaces an older one: same peer and group, later state
+            self.stats.commits_held += 1
+            if self._hold_handle is None:
+                self._hold_handle = self.loop.call_later(self.options.commit_hold_s, self._release_held)
+            return
         box = self._outbox.get(m.to)
         if box is None:
             box = self._outbox[m.to] = []
@@ -324,11 +365,39 @@ class MultiRaft:
         if self._outbox:
             self._flush()
 
+    def _release_held(self) -> None:
+        self._hold_handle = None
+        held, self._held = self._held, {}
+        if self.closing:
+            return
+        for peer, by_group in held.items():
+            box = self._outbox.get(peer)
+            if box is None:
+                box = self._outbox[peer] = []
+            box.extend(by_group.items())
+        self._wakeup()
+
+    def _drop_superseded(self, peer: int, msgs: list) -> None:
+        """A held commit-only append is superseded by a later append of the same group to
+        the same peer that starts at or after its index and carries at least its commit:
+        the follower learns everything the held one would tell it (and answers for more)."""
+        held = self._held.get(peer)
+        for gid, m in msgs:
+            h = held.get(gid)
+            if h is not None and m.type == MessageType.APP and m.term == h.term \
+                    and m.index >= h.index and m.commit >= h.commit:
+                del held[gid]
+                self.stats.commits_superseded += 1
+        if not held:
+            del self._held[peer]
+
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, {}
         self.stats.flushes += 1
         max_bytes, max_msgs = self.options.max_batch_bytes, self.options.max_batch_messages
         for peer, msgs in outbox.items():
+            if peer in self._held:
+                self._drop_superseded(peer, msgs)
             start, size = 0, 0
             for k, (_, m) in enumerate(msgs):
                 n = message_size(m)
