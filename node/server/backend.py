@@ -78,6 +78,28 @@ class Unavailable(BackendError):
 
 # -- topology ---------------------------------------------------------------------
 
+def record_end(pending, i: int, max_requests: int = MAX_REQUESTS, max_bytes: int = MAX_RECORD_BYTES) -> int:
+    """Where the record that starts at pending[i] ends (exclusive): as many whole submits
+    ((requests, size, future), in order) as the record limits allow, and at least one."""
+    j, n, size = i, 0, RECORD_OVERHEAD
+    while j < len(pending) and (j == i or (n + len(pending[j][0]) <= max_requests
+                                           and size + pending[j][1] <= max_bytes)):
+        n += len(pending[j][0])
+        size += pending[j][1]
+        j += 1
+    return j
+
+
+def settle_submits(group, results: list) -> None:
+    """Give each submit of a record ((requests, size, future), in order) its own slice of
+    the record's results; a submit whose caller gave up is skipped."""
+    k = 0
+    for reqs, _, fut in group:
+        if not fut.done():
+            fut.set_result(results[k:k + len(reqs)])
+        k += len(reqs)
+
+
 def cluster_node_id(address: str) -> str:
     """A stable 40-hex redis cluster node id for a node address. Redis ids are
     random; ours must be the same on every node that names this one, and the
@@ -303,13 +325,7 @@ class LocalBackend(Backend):
         pending, self._pending = self._pending, []
         i = 0
         while i < len(pending):
-            # Greedy: as many whole submits as the record limits allow.
-            j, n, size = i, 0, RECORD_OVERHEAD
-            while j < len(pending) and (j == i or (n + len(pending[j][0]) <= MAX_REQUESTS
-                                                   and size + pending[j][1] <= MAX_RECORD_BYTES)):
-                n += len(pending[j][0])
-                size += pending[j][1]
-                j += 1
+            j = record_end(pending, i)
             group = [p for p in pending[i:j] if not p[2].cancelled()]
             i = j
             if group:
@@ -322,11 +338,7 @@ class LocalBackend(Backend):
         self.records += 1
         self.requests += len(requests)
         self.max_batch = max(self.max_batch, len(requests))
-        k = 0
-        for reqs, _, fut in group:
-            if not fut.done():
-                fut.set_result(results[k:k + len(reqs)])
-            k += len(reqs)
+        settle_submits(group, results)
         ready = self.sm.last_ready_keys
         if ready:
             for cb in list(self._ready_listeners):

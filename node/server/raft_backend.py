@@ -89,7 +89,7 @@ from ..invariant import invariant
 from ..raft.types import StateRole
 from ..runtime import raft_driver as drv
 from .backend import (Backend, NodeInfo, NotLeader, Shard, Unavailable, UnknownOutcome,
-                      cluster_node_id, split_address)
+                      cluster_node_id, record_end, settle_submits, split_address)
 from .config import NodeAddresses
 
 log = logging.getLogger("xraft.backend")
@@ -281,9 +281,7 @@ class RaftBackend(Backend):
             # The driver took what was queued (one pump takes its whole queue): the
             # next record may be formed (group commit gate, see _flush).
             self._untaken.clear()
-            if self._pending and not self._scheduled:
-                self._scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
+            self._flush_soon()
         self._observe()
 
     def _observe(self) -> None:
@@ -539,9 +537,7 @@ class RaftBackend(Backend):
         self._pending.append((requests, size, fut))
         n = len(requests)
         self._outstanding += n
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
+        self._flush_soon()
         try:
             return await fut
         finally:
@@ -586,6 +582,12 @@ class RaftBackend(Backend):
         if self._pending and not self._scheduled and not self._untaken:
             self._flush()
 
+    def _flush_soon(self) -> None:
+        """One _flush on the next loop pass for what is gathered (it decides what may go)."""
+        if self._pending and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
         """Everything gathered, as few records as fit; while the driver cannot take
         a proposal yet (_gathering), only full records go now and the rest waits."""
@@ -605,12 +607,7 @@ class RaftBackend(Backend):
         proposed = False
         i = 0
         while i < len(pending):
-            j, n, size = i, 0, RECORD_OVERHEAD
-            while j < len(pending) and (j == i or (n + len(pending[j][0]) <= MAX_REQUESTS
-                                                   and size + pending[j][1] <= MAX_RECORD_BYTES)):
-                n += len(pending[j][0])
-                size += pending[j][1]
-                j += 1
+            j = record_end(pending, i, MAX_REQUESTS, MAX_RECORD_BYTES)
             if gathering and j == len(pending):
                 self._pending = pending[i:]   # not full: keeps gathering until the gate opens
                 break
@@ -644,11 +641,7 @@ class RaftBackend(Backend):
         if exc is None:
             invariant(isinstance(results, list) and len(results) == sum(len(g[0]) for g in group),
                       "one result per request of the record")
-            k = 0
-            for reqs, _, fut in group:
-                if not fut.done():
-                    fut.set_result(results[k:k + len(reqs)])
-                k += len(reqs)
+            settle_submits(group, results)
         elif isinstance(exc, drv.NotLeader):
             self._fail_group(group, self._not_leader(exc.leader_id))
         elif isinstance(exc, drv.ProposalDropped):
@@ -660,20 +653,13 @@ class RaftBackend(Backend):
             log.error("proposal failed unexpectedly", exc_info=exc)
             self._fail_group(group, UnknownOutcome())
         self._inflight.discard(rec)
-        if (self._pending and not self._scheduled
-                and len(self._inflight) < self.max_records_in_flight):
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        self._untaken.discard(rec)        # resolved without an append being reported (refused)
+        self._flush_soon()                # the gate may have opened (_flush decides)
         if not self._inflight and self._drained:
             waiters, self._drained = self._drained, []
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
-        if rec in self._untaken:          # resolved without an append being reported (refused)
-            self._untaken.discard(rec)
-            if not self._untaken and self._pending and not self._scheduled:
-                self._scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
 
     @staticmethod
     def _fail_group(group, exc) -> None:
