@@ -4,6 +4,7 @@ session pipelines its XREADGROUP reads and writes acks that arrive together in o
 record, within the unacked window. A test holds the leader's WAL sync (a threading
 Event) to keep "the driver is busy" true for as long as it needs."""
 import asyncio
+import contextlib
 import threading
 
 import grpc
@@ -40,6 +41,30 @@ class HeldSync:
         self.gate.set()
 
 
+@contextlib.asynccontextmanager
+async def first_record_in_sync(tmp_path, close_backends=True):
+    """A cluster whose leader proposed one write (s 1-1) and is held in that record's sync.
+    Yields (cluster, leader, held, records and requests before it, the write's future)."""
+    c = await Cluster(tmp_path).start()
+    held = None
+    try:
+        leader = await c.writable_leader()
+        held = HeldSync(leader)
+        held.hold()
+        r0, q0 = leader.records, leader.requests
+        first = asyncio.ensure_future(leader.submit([xadd(b"s", b"1-1", n="0")]))
+        await until(lambda: leader.driver.busy and held.entered, "the first record's sync")
+        yield c, leader, held, r0, q0, first
+    finally:
+        if held:
+            held.release()
+        if close_backends:
+            await c.close()
+        else:
+            for mr in c.nodes.values():
+                await mr.close()
+
+
 async def until(cond, what, timeout=20.0):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -51,15 +76,7 @@ async def until(cond, what, timeout=20.0):
 
 def test_writes_arriving_while_the_driver_is_busy_become_one_record(tmp_path, run):
     async def main():
-        c = await Cluster(tmp_path).start()
-        held = None
-        try:
-            leader = await c.writable_leader()
-            held = HeldSync(leader)
-            held.hold()
-            r0, q0 = leader.records, leader.requests
-            first = asyncio.ensure_future(leader.submit([xadd(b"s", b"1-1", n="0")]))
-            await until(lambda: leader.driver.busy and held.entered, "the first record's sync")
+        async with first_record_in_sync(tmp_path) as (c, leader, held, r0, q0, first):
             assert leader.records == r0 + 1
             # 20 writes, each in a loop iteration of its own (as gRPC requests arrive):
             # the old flush-per-iteration made 20 records of them.
@@ -78,10 +95,6 @@ def test_writes_arriving_while_the_driver_is_busy_become_one_record(tmp_path, ru
             await c.converged()
             for n in (1, 2, 3):
                 assert await c.b[n].read([b"XLEN", b"s"], linearizable=False) == 21
-        finally:
-            if held:
-                held.release()
-            await c.close()
     run(main())
 
 
@@ -132,15 +145,7 @@ def test_writes_arriving_while_a_record_is_in_flight_become_one_record(tmp_path,
 def test_full_records_go_at_once_while_gathering(tmp_path, run, monkeypatch):
     async def main():
         monkeypatch.setattr(raft_backend, "MAX_REQUESTS", 4)
-        c = await Cluster(tmp_path).start()
-        held = None
-        try:
-            leader = await c.writable_leader()
-            held = HeldSync(leader)
-            held.hold()
-            r0 = leader.records
-            first = asyncio.ensure_future(leader.submit([xadd(b"s", b"1-1", n="0")]))
-            await until(lambda: leader.driver.busy and held.entered, "the first record's sync")
+        async with first_record_in_sync(tmp_path) as (c, leader, held, r0, _, first):
             later = []
             for i in range(2, 12):        # 10 writes: two full records of 4 go, 2 keep gathering
                 later.append(asyncio.ensure_future(leader.submit([xadd(b"s", b"1-%d" % i, n=str(i))])))
@@ -152,24 +157,12 @@ def test_full_records_go_at_once_while_gathering(tmp_path, run, monkeypatch):
             await first
             assert [(await f)[0] for f in later] == [b"1-%d" % i for i in range(2, 12)]
             assert leader.records == r0 + 4 and leader.max_batch == 4
-        finally:
-            if held:
-                held.release()
-            await c.close()
     run(main())
 
 
 def test_gathered_writes_fail_unproposed_on_close(tmp_path, run):
     async def main():
-        c = await Cluster(tmp_path).start()
-        held = None
-        try:
-            leader = await c.writable_leader()
-            held = HeldSync(leader)
-            held.hold()
-            r0 = leader.records
-            first = asyncio.ensure_future(leader.submit([xadd(b"s", b"1-1", n="0")]))
-            await until(lambda: leader.driver.busy and held.entered, "the first record's sync")
+        async with first_record_in_sync(tmp_path, close_backends=False) as (c, leader, held, r0, _, first):
             waiting = asyncio.ensure_future(leader.submit([xadd(b"s", b"1-2", n="1")]))
             await asyncio.sleep(0)
             await asyncio.sleep(0)
@@ -180,11 +173,6 @@ def test_gathered_writes_fail_unproposed_on_close(tmp_path, run):
             held.release()
             assert await first == [b"1-1"]       # proposed before close: resolves
             assert leader.records == r0 + 1
-        finally:
-            if held:
-                held.release()
-            for nid, mr in c.nodes.items():
-                await mr.close()
     run(main())
 
 
