@@ -313,13 +313,6 @@ def _fdatasync(fd: int) -> None:
     (getattr(os, "fdatasync", None) or os.fsync)(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
@@ -554,7 +547,7 @@ class Wal:
         durable = self.options.fsync is not FsyncPolicy.NEVER
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _write_all(fd, data)
+            _pwrite_all(fd, data, 0)      # a new, empty file
             if durable:
                 _fdatasync(fd)
         finally:
