@@ -152,6 +152,9 @@ class DiskStorage:
         self._snap_data: Optional[bytes] = None  # its data if small enough to keep, else re-read
         self._max_snap_marker = 0  # replay: highest snapshot index the WAL refers to
         self._release_to: Optional[int] = None  # release WAL segments up to here after next fsync
+        # fsync=batch: the last sync() wrote records but deferred their fsync. Invariant: False
+        # under always (every sync fsyncs) and never (nothing is ever fsynced, so nothing waits).
+        self._fsync_deferred = False
         self._snapfiles = SnapshotFiles(os.path.join(dirpath, "snap"), options.keep_snapshots,
                                         durable=options.wal.fsync is not FsyncPolicy.NEVER)
         self._wal: Optional[Wal] = None
@@ -523,15 +526,30 @@ class DiskStorage:
     def sync(self, now_ms: Optional[int] = None) -> bool:
         """Write buffered records; fsync per policy. True: everything so far is on stable storage.
 
+        `now_ms` (a monotonic clock) lets fsync=batch defer the fsync until
+        batch_interval_ms passed since the last one or batch_bytes are unsynced
+        (then fsync_deferred is True); without it every policy but never fsyncs now.
+
         WAL segments are released only once the marker that compacted them is
         on stable storage (or at once under fsync=never, which promises nothing).
         """
         self._check_open()
         synced = self._wal.sync(now_ms)
+        self._fsync_deferred = not synced and self.options.wal.fsync is FsyncPolicy.BATCH
         if self._release_to is not None and (synced or self.options.wal.fsync is FsyncPolicy.NEVER):
             self._wal.release_to(self._release_to)
             self._release_to = None
         return synced
+
+    @property
+    def fsync_deferred(self) -> bool:
+        """fsync=batch only: written records wait for an fsync. The owner must call
+        sync(now_ms) again once batch_interval_ms has passed, even if nothing new comes."""
+        return self._fsync_deferred
+
+    @property
+    def batch_interval_ms(self) -> int:
+        return self.options.wal.batch_interval_ms
 
     @property
     def durable(self) -> bool:
