@@ -43,6 +43,14 @@ def one_node(tmp_path, monkeypatch, policy):
     return c, clock
 
 
+async def started_leader(c):
+    """Start the one-node cluster; its leader once idle (the election's sync done)."""
+    await c.start()
+    leader = await c.wait_leader()
+    await leader.wait_idle()
+    return leader
+
+
 async def write(leader, n, prefix):
     for i in range(n):
         await leader.propose(b"%s%d=%d" % (prefix, i, i), 10)  # one at a time: one Ready each
@@ -53,10 +61,8 @@ def test_batch_defers_fsyncs_to_the_interval_and_flushes_a_quiet_group(tmp_path,
     async def main():
         c, clock = one_node(tmp_path, monkeypatch, FsyncPolicy.BATCH)
         counts = Counts(monkeypatch)
-        await c.start()
+        leader = await started_leader(c)
         try:
-            leader = await c.wait_leader()
-            await leader.wait_idle()
             st = leader.storage
             # The election's sync at t=0 was the first: it fsynced and started the interval.
             base = counts.fdatasync
@@ -82,10 +88,8 @@ def test_always_fsyncs_every_write(tmp_path, monkeypatch, run):
     async def main():
         c, clock = one_node(tmp_path, monkeypatch, FsyncPolicy.ALWAYS)
         counts = Counts(monkeypatch)
-        await c.start()
+        leader = await started_leader(c)
         try:
-            leader = await c.wait_leader()
-            await leader.wait_idle()
             base = counts.fdatasync
             await write(leader, 30, b"a")  # the clock never moves: always ignores it
             assert counts.fdatasync >= base + 30
@@ -100,9 +104,8 @@ def test_never_fsyncs_nothing(tmp_path, monkeypatch, run):
 
     async def main():
         c, clock = one_node(tmp_path, monkeypatch, FsyncPolicy.NEVER)
-        await c.start()
+        leader = await started_leader(c)
         try:
-            leader = await c.wait_leader()
             await write(leader, 30, b"a")
             clock[0] += 10 * INTERVAL_MS
             await asyncio.sleep(3 * INTERVAL_MS / 1000)  # a timer, if one were armed, has fired
@@ -118,8 +121,7 @@ def test_never_fsyncs_nothing(tmp_path, monkeypatch, run):
 def test_every_mode_keeps_acknowledged_writes_across_a_clean_restart(tmp_path, monkeypatch, run, policy):
     async def main():
         c, clock = one_node(tmp_path, monkeypatch, policy)
-        await c.start()
-        leader = await c.wait_leader()
+        leader = await started_leader(c)
         await write(leader, 20, b"k")
         applied = c.sms[(1, 1)].applied_index
         await c.close()
