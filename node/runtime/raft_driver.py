@@ -219,11 +219,9 @@ class GroupDriver:
         # The optional parts of the host and machine protocols (driver_api.py), looked up once.
         self._inline_sync_bytes = getattr(host, "inline_sync_bytes", 0)
         self._host_run_now = getattr(host, "run_now", None)
-        # The clock fsync=batch measures its interval by (monotonic ms; read from the executor
-        # thread too). A host may supply `now_ms()` (tests drive it by hand).
+        # fsync=batch's clock (monotonic ms, read from the executor too); a host (a test) may
+        # supply now_ms(). The timer: see _arm_flush().
         self._now_ms: Callable[[], int] = getattr(host, "now_ms", None) or _monotonic_ms
-        # fsync=batch: fires batch_interval_ms after a sync deferred its fsync, so records
-        # written just before the group went quiet are fsynced within about that interval.
         self._flush_timer: Optional[asyncio.TimerHandle] = None
         self._flush_wanted = False  # the timer fired: pump() starts a flush job if still due
         self._results_optional = bool(getattr(sm, "results_optional", False))
@@ -664,11 +662,8 @@ class GroupDriver:
 
     def _persist(self, rd: Ready) -> None:
         """Executor thread. Order per the Ready contract: snapshot, entries, hard state, fsync.
-
-        The clock lets fsync=batch defer the fsync (the WAL decides; always and never
-        ignore it): what follows (acks, votes, applies) then runs on written but not yet
-        fsynced records, as --fsync batch documents. _arm_flush() bounds how long they wait.
-        """
+        The clock lets fsync=batch defer the fsync: acks, votes and applies then rest on
+        written, not yet fsynced records, as --fsync batch documents (see _arm_flush())."""
         st = self.storage
         if rd.snapshot is not None:
             st.apply_snapshot(rd.snapshot)
@@ -679,8 +674,8 @@ class GroupDriver:
     # ------------------------------------------------ fsync=batch: the deferred fsync
 
     def _arm_flush(self) -> None:
-        """Loop thread, storage idle: if the last sync deferred its fsync, make sure one
-        happens once the batch interval has passed, even if no other write comes."""
+        """Loop thread, storage idle: if the last sync deferred its fsync, one happens once
+        batch_interval_ms has passed even if no other write comes (a group gone quiet)."""
         if self._flush_timer is None and not self.closed and self.storage.fsync_deferred:
             self._flush_timer = self.host.loop.call_later(self.storage.batch_interval_ms / 1000,
                                                           self._on_flush_timer)
@@ -694,8 +689,7 @@ class GroupDriver:
         self._run_host()
 
     async def _flush(self) -> None:
-        """Storage job: sync by the clock (the WAL fsyncs now if the interval passed; if
-        not, the fsync stays deferred and _job_ended() re-arms the timer)."""
+        """Storage job: sync by the clock (if not yet due, _job_ended() re-arms the timer)."""
         await self.host.loop.run_in_executor(self.host.executor, lambda: self.storage.sync(self._now_ms()))
 
     def _finish(self, rd: Ready) -> None:

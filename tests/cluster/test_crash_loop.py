@@ -14,7 +14,9 @@ if none appears. At the end: one leader, every node caught up, every
 acknowledged XADD in the stream exactly once with its acknowledged ID (harness.check_stream), and
 all three replicas identical.
 
-The CI run lasts CI_SECONDS; the soak (-m soak) XRAFT_CRASH_LOOP_S seconds (default 90).
+The CI run lasts CI_SECONDS; the soak (-m soak) XRAFT_CRASH_LOOP_S seconds (default 90), with
+the nodes' --fsync from XRAFT_CRASH_LOOP_FSYNC (default always; under batch a process crash
+must not lose acknowledged writes either: they are written before they are acknowledged).
 """
 import glob
 import os
@@ -32,11 +34,11 @@ CI_SECONDS = 20.0
 PAUSE_S = (0.2, 0.5)          # between a node's restart ("ready") and the next kill
 
 
-def crash_loop(cluster_factory, seconds: float, seed: int) -> dict:
+def crash_loop(cluster_factory, seconds: float, seed: int, fsync: str = "always") -> dict:
     rng = random.Random(seed)
     cluster = cluster_factory(3, cluster_id="crash-loop-%d" % seed)
     for n in cluster.nodes.values():
-        n.extra_args = ["--snapshot-entries", str(SNAPSHOT_ENTRIES)]
+        n.extra_args = ["--snapshot-entries", str(SNAPSHOT_ENTRIES), "--fsync", fsync]
     cluster.start()
     cluster.wait_leader()
     producers = [h.Producer(cluster, STREAM, "r1", interval=0.002),
@@ -74,7 +76,7 @@ def crash_loop(cluster_factory, seconds: float, seed: int) -> dict:
     figures = h.check_stream(entries, producers)
     h.assert_identical(cluster, list(cluster.nodes), [STREAM])
     infos = cluster.infos()
-    figures.update(kills=kills, kills_at_new_snapshot=at_new_snapshot, restarts=restarts, entries=len(entries), seed=seed,
+    figures.update(fsync=fsync, kills=kills, kills_at_new_snapshot=at_new_snapshot, restarts=restarts, entries=len(entries), seed=seed,
                    victims={i: victims.count(i) for i in sorted(cluster.nodes)},
                    snapshot_index={i: inf["raft_snapshot_index"] for i, inf in infos.items()})
     assert figures["acked"] > 0 and kills > 0, figures
@@ -114,4 +116,4 @@ def test_crash_loop_short(cluster_factory):
 def test_crash_loop_soak(cluster_factory):
     seconds = float(os.environ.get("XRAFT_CRASH_LOOP_S", "90"))
     seed = int(os.environ.get("XRAFT_CRASH_LOOP_SEED", str(random.SystemRandom().randrange(1 << 30))))
-    crash_loop(cluster_factory, seconds, seed)
+    crash_loop(cluster_factory, seconds, seed, os.environ.get("XRAFT_CRASH_LOOP_FSYNC", "always"))
