@@ -1,6 +1,6 @@
 """Raft benchmarks: WAL group commit vs a raw fsync loop, and an in-process 3-voter group.
 
-    python bench/raft.py [--json FILE] [--quick] [--dir DIR]
+    python bench/raft.py [--json FILE] [--quick] [--dir DIR] [--no-wal] [--no-modes | --only-modes]
 
 (1) WAL: records/s for 100-byte records appended in batches of 1, 16 and 256
     with one sync() (one write + one fdatasync) per batch, fsync=always; beside
@@ -24,11 +24,18 @@
     heartbeat delivered every tick (the default heartbeat_tick=1) and each
     resulting Ready handled (the response is dropped).
 
+(4) Fsync modes: the same 3-voter group through the real runtime (MultiRaft +
+    GroupDriver + DiskStorage on --dir, in-process LocalTransport), once per
+    --fsync mode in the same run: one proposal at a time for a while (entries/s
+    and median latency), then 64 proposers at once (entries/s), and the WAL
+    fdatasyncs per second of the three nodes together. --no-modes skips (4).
+
 Every figure is measured; nothing is estimated or extrapolated.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -268,6 +275,97 @@ def bench_idle_groups(groups: int, seconds: float, heartbeats: bool, hz: int = 1
     return 100.0 * cpu / wall
 
 
+class _CountingMachine:
+    """The smallest state machine the driver accepts: counts applied entries."""
+
+    def __init__(self):
+        self.applied_index = 0
+
+    def apply(self, index: int, data: bytes, want_result: bool = True) -> int:
+        self.applied_index = index
+        return index
+
+    def snapshot(self) -> bytes:
+        return str(self.applied_index).encode()
+
+    def restore(self, data: bytes, index: int) -> None:
+        self.applied_index = index
+
+
+async def _bench_mode(base: str, policy: FsyncPolicy, secs: float, concurrency: int) -> dict:
+    from xraft.node.runtime.multiraft import MultiRaft, MultiRaftOptions
+    from xraft.node.runtime.raft_driver import GroupOptions
+    from xraft.node.runtime.transport import LocalNetwork, LocalTransport
+
+    d = tempfile.mkdtemp(prefix=f"fsync-{policy.value}-", dir=base)
+    net = LocalNetwork(codec=True)
+    storage = DiskStorageOptions(wal=WalOptions(fsync=policy), cache_bytes=8 << 20,
+                                 snapshot_cache_bytes=8 << 20)
+    opts = MultiRaftOptions(tick_interval_s=0.01, group=GroupOptions(
+        election_tick=20, heartbeat_tick=2, snapshot_entries=1 << 30, storage=storage))
+    nodes = []
+    real_fdatasync = os.fdatasync
+    fdatasyncs = [0]
+
+    def counting_fdatasync(fd):
+        real_fdatasync(fd)
+        fdatasyncs[0] += 1
+    try:
+        for nid in (1, 2, 3):
+            mr = MultiRaft(nid, LocalTransport(net, nid), opts)
+            await mr.start()
+            await mr.add_group(1, os.path.join(d, f"n{nid}"), _CountingMachine(), bootstrap_voters=(1, 2, 3))
+            nodes.append(mr)
+        deadline = time.monotonic() + 20
+        while not any(mr.group(1).is_leader() for mr in nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no leader within 20 s")
+            await asyncio.sleep(0.01)
+        leader = next(mr.group(1) for mr in nodes if mr.group(1).is_leader())
+        data = os.urandom(ENTRY_BYTES)
+        os.fdatasync = counting_fdatasync
+        t0 = time.perf_counter()
+        lat = []
+        while time.perf_counter() - t0 < secs:
+            a = time.perf_counter()
+            await leader.propose(data, 10)
+            lat.append(time.perf_counter() - a)
+        seq_wall = time.perf_counter() - t0
+        seq_syncs = fdatasyncs[0]
+        stop_at = time.perf_counter() + secs
+        done = [0]
+
+        async def proposer():
+            while time.perf_counter() < stop_at:
+                await leader.propose(data, 10)
+                done[0] += 1
+        t1 = time.perf_counter()
+        await asyncio.gather(*(proposer() for _ in range(concurrency)))
+        conc_wall = time.perf_counter() - t1
+        os.fdatasync = real_fdatasync
+        lat.sort()
+        return {"sequential_per_s": round(len(lat) / seq_wall, 1),
+                "sequential_p50_ms": round(1000 * lat[len(lat) // 2], 3),
+                f"concurrent{concurrency}_per_s": round(done[0] / conc_wall, 1),
+                "fdatasyncs_per_s_sequential": round(seq_syncs / seq_wall, 1),
+                "fdatasyncs_per_s_concurrent": round((fdatasyncs[0] - seq_syncs) / conc_wall, 1)}
+    finally:
+        os.fdatasync = real_fdatasync
+        for mr in nodes:
+            await mr.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def fsync_mode_figures(base: str, secs: float, concurrency: int = 64) -> dict:
+    """(4): {mode: figures} for always, batch and never, one after the other in this run."""
+    try:
+        import uvloop
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    return {p.value: run(_bench_mode(base, p, secs, concurrency)) for p in FsyncPolicy}
+
+
 def wal_figures(base: str, secs: float) -> dict:
     res: dict = {}
     res["raw_fsync_per_s"] = round(bench_raw_fsync(base, secs), 1)
@@ -288,10 +386,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="short runs (CI smoke)")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="directory for WAL files")
     ap.add_argument("--no-wal", action="store_true", help="skip the WAL/fsync figures (1)")
+    ap.add_argument("--no-modes", action="store_true", help="skip the --fsync mode figures (4)")
+    ap.add_argument("--only-modes", action="store_true", help="only the --fsync mode figures (4)")
     args = ap.parse_args(argv)
     secs = 0.3 if args.quick else 2.0
 
     res: dict = {"entry_bytes": ENTRY_BYTES, "wal_dir": os.path.abspath(args.dir), "quick": args.quick}
+    if not args.no_modes:
+        modes = res["fsync_modes"] = fsync_mode_figures(args.dir, secs)
+        print(f"{'--fsync mode figures (3 voters, one process)':44s}" + "".join(f"{m:>12s}" for m in modes))
+        for k in next(iter(modes.values())):
+            print(f"  {k:42s}" + "".join(f"{modes[m][k]:>12}" for m in modes))
+        if args.only_modes:
+            return _report(res, args.json)
     if not args.no_wal:
         res.update(wal_figures(args.dir, secs))
     for name, use_batch_api in (("", True), ("_single", False)):
@@ -308,11 +415,15 @@ def main(argv=None) -> dict:
     res["idle_groups_500_cpu_pct"] = round(bench_idle_groups(500, idle_secs, heartbeats=False), 2)
     res["idle_groups_500_heartbeats_cpu_pct"] = round(bench_idle_groups(500, idle_secs, heartbeats=True), 2)
     res["committed_entries_target_per_s"] = 200_000
+    return _report(res, args.json)
 
+
+def _report(res: dict, json_path) -> dict:
     for k, v in res.items():
-        print(f"{k:40s} {v}")
-    if args.json:
-        with open(args.json, "w") as f:
+        if k != "fsync_modes":
+            print(f"{k:40s} {v}")
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(res, f, indent=2, sort_keys=True)
     return res
 

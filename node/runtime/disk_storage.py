@@ -32,7 +32,9 @@ bounded by cache_bytes, refilled from the WAL (with a fresh CRC check) on miss.
 Durability contract: save() / apply_snapshot() / compact() only buffer
 (snapshot files are written at once); nothing is durable until sync() returns
 True. The caller sends vote / append responses (Ready.persisted_messages)
-only after that.
+only after that. A snapshot file may thus be durable before the WAL's commit
+index reaches it: open() raises commit to the newest valid snapshot's index
+(see _raise_commit_to_snapshot for why that is safe).
 """
 from __future__ import annotations
 
@@ -150,6 +152,9 @@ class DiskStorage:
         self._snap_data: Optional[bytes] = None  # its data if small enough to keep, else re-read
         self._max_snap_marker = 0  # replay: highest snapshot index the WAL refers to
         self._release_to: Optional[int] = None  # release WAL segments up to here after next fsync
+        # fsync=batch: the last sync() wrote records but deferred their fsync. Invariant: False
+        # under always (every sync fsyncs) and never (nothing is ever fsynced, so nothing waits).
+        self._fsync_deferred = False
         self._snapfiles = SnapshotFiles(os.path.join(dirpath, "snap"), options.keep_snapshots,
                                         durable=options.wal.fsync is not FsyncPolicy.NEVER)
         self._wal: Optional[Wal] = None
@@ -241,9 +246,33 @@ class DiskStorage:
                 self._hs = HardState(self._hs.term, self._hs.vote, s)
             self._log_marks(reset=True)
             self.sync()
+        if self._hs.commit < s:
+            self._raise_commit_to_snapshot(s)
         if self._hs.commit > self.last_index():
             raise StorageStateError("hard state commit beyond the last durable entry",
                                     commit=self._hs.commit, last_index=self.last_index())
+
+    def _raise_commit_to_snapshot(self, s: int) -> None:
+        """The newest valid snapshot file is ahead of the durable commit index: raise commit to it.
+
+        Why at recovery and not by ordering the writes: a snapshot only ever holds
+        committed entries (create_snapshot() takes the applied state, apply_snapshot()
+        the leader's, and Raft applies only committed entries), so a verified snapshot
+        file at s PROVES that s is a valid commit index; commit is not part of the
+        vote-safety state (term, vote), so raising it can never break Raft's safety.
+        create_snapshot() writes the file before the WAL holds commit >= s (the
+        driver buffers commit-only hard states), and under fsync=batch/never the WAL
+        may lag the file further; syncing the WAL first would cost one more fsync per
+        snapshot, would not help under fsync=batch after a power cut, and would leave
+        the data directories that this ordering already bricked (applied > commit at
+        every start) unopenable. Repairing here covers every interleaving and those
+        directories; the raised hard state is written and synced at once.
+        """
+        log.warning("%s: snapshot at %d is ahead of the durable commit index %d: "
+                    "raising commit to it (a snapshot holds only committed entries)",
+                    self.dir, s, self._hs.commit)
+        self.save(HardState(self._hs.term, self._hs.vote, s))
+        self.sync()
 
     def _segment_prologue(self) -> tuple[int, list[tuple[int, bytes]]]:
         return self.last_index() + 1, [
@@ -497,15 +526,30 @@ class DiskStorage:
     def sync(self, now_ms: Optional[int] = None) -> bool:
         """Write buffered records; fsync per policy. True: everything so far is on stable storage.
 
+        `now_ms` (a monotonic clock) lets fsync=batch defer the fsync until
+        batch_interval_ms passed since the last one or batch_bytes are unsynced
+        (then fsync_deferred is True); without it every policy but never fsyncs now.
+
         WAL segments are released only once the marker that compacted them is
         on stable storage (or at once under fsync=never, which promises nothing).
         """
         self._check_open()
         synced = self._wal.sync(now_ms)
+        self._fsync_deferred = not synced and self.options.wal.fsync is FsyncPolicy.BATCH
         if self._release_to is not None and (synced or self.options.wal.fsync is FsyncPolicy.NEVER):
             self._wal.release_to(self._release_to)
             self._release_to = None
         return synced
+
+    @property
+    def fsync_deferred(self) -> bool:
+        """fsync=batch only: written records wait for an fsync. The owner must call
+        sync(now_ms) again once batch_interval_ms has passed, even if nothing new comes."""
+        return self._fsync_deferred
+
+    @property
+    def batch_interval_ms(self) -> int:
+        return self.options.wal.batch_interval_ms
 
     @property
     def durable(self) -> bool:

@@ -74,6 +74,7 @@ import functools
 import logging
 import os
 import random
+import time
 from collections import deque
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -109,6 +110,10 @@ from .driver_api import (  # noqa: F401  (re-exported)
 # ---------------------------------------------------------------- internals
 
 _QUEUED, _PROPOSED = 0, 1
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 class _Proposal:
@@ -214,6 +219,11 @@ class GroupDriver:
         # The optional parts of the host and machine protocols (driver_api.py), looked up once.
         self._inline_sync_bytes = getattr(host, "inline_sync_bytes", 0)
         self._host_run_now = getattr(host, "run_now", None)
+        # fsync=batch's clock (monotonic ms, read from the executor too); a host (a test) may
+        # supply now_ms(). The timer: see _arm_flush().
+        self._now_ms: Callable[[], int] = getattr(host, "now_ms", None) or _monotonic_ms
+        self._flush_timer: Optional[asyncio.TimerHandle] = None
+        self._flush_wanted = False  # the timer fired: pump() starts a flush job if still due
         self._results_optional = bool(getattr(sm, "results_optional", False))
         self._reported = (StateRole.FOLLOWER, NONE, 0, False)  # (role, lead, term, failed) last told
         self._reported_proposals = 0
@@ -376,6 +386,10 @@ class GroupDriver:
                 self._reads.issue(rn)
             if rn.has_ready():
                 self._handle_ready(rn.ready())
+            if self._flush_wanted and not self.busy:
+                self._flush_wanted = False
+                if self.storage.fsync_deferred:
+                    self._start(self._flush())
         except Exception as exc:
             self.fail_stop(exc)
         # Every role, leader or term change happens in step()/tick()/actions above, so
@@ -545,6 +559,7 @@ class GroupDriver:
                 self._persist(rd)
                 self._log_bounds = (self.storage.first_index(), self.storage.last_index())
                 self.stats.syncs += 1
+                self._arm_flush()
                 self._finish(rd)
                 self.host.mark_dirty(self)  # advance() may have made the next Ready
                 if self._snapshot_due():
@@ -626,6 +641,7 @@ class GroupDriver:
         self.busy = False
         if not self.storage.closed:
             self._log_bounds = (self.storage.first_index(), self.storage.last_index())
+            self._arm_flush()
         self.host.mark_dirty(self)
         waiters, self._idle_waiters = self._idle_waiters, []
         for w in waiters:
@@ -645,13 +661,36 @@ class GroupDriver:
             await w
 
     def _persist(self, rd: Ready) -> None:
-        """Executor thread. Order per the Ready contract: snapshot, entries, hard state, fsync."""
+        """Executor thread. Order per the Ready contract: snapshot, entries, hard state, fsync.
+        The clock lets fsync=batch defer the fsync: acks, votes and applies then rest on
+        written, not yet fsynced records, as --fsync batch documents (see _arm_flush())."""
         st = self.storage
         if rd.snapshot is not None:
             st.apply_snapshot(rd.snapshot)
         st.save(rd.hard_state, rd.entries)
-        synced = st.sync()
+        synced = st.sync(self._now_ms())
         invariant(synced or not st.durable, "a durable storage's sync() returned False")
+
+    # ------------------------------------------------ fsync=batch: the deferred fsync
+
+    def _arm_flush(self) -> None:
+        """Loop thread, storage idle: if the last sync deferred its fsync, one happens once
+        batch_interval_ms has passed even if no other write comes (a group gone quiet)."""
+        if self._flush_timer is None and not self.closed and self.storage.fsync_deferred:
+            self._flush_timer = self.host.loop.call_later(self.storage.batch_interval_ms / 1000,
+                                                          self._on_flush_timer)
+
+    def _on_flush_timer(self) -> None:
+        self._flush_timer = None
+        if self.closed or self.failed is not None:
+            return
+        self._flush_wanted = True
+        self.host.mark_dirty(self)
+        self._run_host()
+
+    async def _flush(self) -> None:
+        """Storage job: sync by the clock (if not yet due, _job_ended() re-arms the timer)."""
+        await self.host.loop.run_in_executor(self.host.executor, lambda: self.storage.sync(self._now_ms()))
 
     def _finish(self, rd: Ready) -> None:
         """After persisting: promise durability, apply, advance. Loop thread."""
@@ -757,6 +796,9 @@ class GroupDriver:
         """Blocking: sync (clean shutdown) and close the storage. Never while busy."""
         invariant(not self.busy, "close_storage() while the storage is in use")
         self.closed = True
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         if self.storage.closed:
             return
         if sync and self.failed is None:

@@ -107,7 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", metavar="1=HOST:PORT,...", help="gRPC addresses of all initial voters")
     p.add_argument("--resp-peers", metavar="1=HOST:PORT,...", help="RESP addresses of the voters")
     p.add_argument("--secret-file", metavar="FILE", help="shared peer secret (else $XRAFT_CLUSTER_SECRET)")
-    p.add_argument("--fsync", choices=FSYNC_MODES, help="WAL fsync policy (default always)")
+    p.add_argument("--fsync", choices=FSYNC_MODES,
+                   help="WAL fsync policy (default always). always: fsync before any write is "
+                        "acknowledged (durable). batch: fsync at most every 10 ms (or per 1 MiB); "
+                        "writes are acknowledged before their fsync, so a power cut can lose the "
+                        "last ~10 ms (a process crash loses nothing). never: no fsync at all "
+                        "(tests, benchmarks)")
     p.add_argument("--requirepass", metavar="P", help="RESP password (AUTH)")
     p.add_argument("--token-file", metavar="FILE", help="bearer token file for the gRPC client API")
     p.add_argument("--tls-cert", metavar="FILE")

@@ -137,7 +137,9 @@ def test_hard_state_survives_release_of_the_segment_that_held_it(tmp_path):
     st.create_snapshot(100, CS, b"sm")
     assert first_segment not in st.wal_segment_paths()  # released
     st = reopen(st)
-    assert st.hard_state() == HardState(term=7, vote=3, commit=0)
+    # term and vote from the released segment's record survive (the prologue carried them);
+    # commit is raised to the snapshot's index, which only committed entries reach.
+    assert st.hard_state() == HardState(term=7, vote=3, commit=100)
     assert (st.first_index(), st.last_index(), st.term(100)) == (101, 100, 7)
     st.close()
 
@@ -292,7 +294,8 @@ def test_matches_memory_storage(program):
                 disk.save(hs)
             elif kind == "snapshot":
                 _, back, keep = op
-                idx = mem.last_index() - back
+                # Raft snapshots applied, hence committed, state only.
+                idx = min(mem.last_index() - back, mem.hard_state().commit)
                 if idx <= mem.snapshot().metadata.index or idx < mem.first_index():
                     continue
                 data = b"sm%d" % idx
@@ -313,6 +316,11 @@ def test_matches_memory_storage(program):
                 snap = Snapshot(SnapshotMetadata(idx, term, ConfState(voters=(1, 2))), b"inst%d" % idx)
                 mem.apply_snapshot(snap)
                 disk.apply_snapshot(snap)
+                # The core's next hard state commits the installed snapshot (raft restore()).
+                hs = mem.hard_state()
+                hs = HardState(term=max(hs.term, term), vote=hs.vote, commit=idx)
+                mem.set_hard_state(hs)
+                disk.save(hs)
             elif kind == "sync":
                 assert disk.sync() is True
             else:
