@@ -68,8 +68,7 @@ def _solo_argv(tmp_path, *extra):
     os.chmod(secret, 0o600)
     return [sys.executable, "-m", "xraft.node.server.node_main", "--id", "1", "--cluster-id", "solo",
             "--data-dir", str(tmp_path / "d"), "--grpc", "127.0.0.1:%d" % g, "--resp", "127.0.0.1:%d" % r,
-            "--peers", "1=127.0.0.1:%d" % g, "--secret-file", str(secret), "--tick-ms", "50",
-            "--initial-cluster-state", "new", *extra]
+            "--peers", "1=127.0.0.1:%d" % g, "--secret-file", str(secret), "--tick-ms", "50", *extra]
 
 
 def test_requirepass_without_a_grpc_token_is_refused(tmp_path):
