@@ -92,7 +92,11 @@ class PeerIncarnations:
     check() is the handshake's hook (PeerAuthenticator(check_incarnation=...)):
     first sight of a node id records its incarnation (written durably before
     the handshake completes); a different one later is refused, with an ERROR
-    line that says what happened and what to do.
+    line that says what happened and what to do. It runs on the transport's
+    event loop: the fsync'd write happens once per peer ever, not per handshake.
+    Limitation: a node id never seen before its disk was wiped cannot be told
+    apart from a new one; every peer meets every voter within a few ticks of
+    the cluster's first start, which closes that window in practice.
     """
 
     def __init__(self, path: str, crash_hook: Callable[[str], None] = _NO_HOOK):
