@@ -66,8 +66,11 @@ def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command):
     """Start a local cluster, or restart a stopped one from its data.
 
     A new cluster gets free ports, a random cluster id and a shared secret
-    (DIR/secret, mode 0600). If DIR holds a stopped cluster, its nodes restart
-    on the same ports with the same data; nodes still running are left alone.
+    (DIR/secret, mode 0600); each node's first start founds it
+    (--initial-cluster-state new). If DIR holds a stopped cluster, its nodes restart
+    on the same ports with the same data; nodes still running are left alone. A
+    restart never founds again: a node whose data dir was wiped refuses to start
+    (it must rejoin through a membership change).
     """
     command = node_command.split() if node_command else None
     cluster = _run(lc.up, dir_, nodes=nodes, base_port=base_port, fsync=fsync, timeout=timeout,

@@ -9,6 +9,13 @@ Everything about a local cluster lives in its directory, so any later
     DIR/node-<id>/node.log  the node's stdout and stderr, appended across restarts
     DIR/.lock               flock'ed while up/down/kill change the cluster
 
+A node's first start founds the cluster: it alone gets `--initial-cluster-state
+new` (the node bootstraps --peers as voters into its empty data dir). Once it
+logged ready, cluster.json marks it `founded`, and every later start is a
+restart from disk with the node's default (`existing`): a node whose data dir
+was wiped then refuses to start instead of voting with no log, and must rejoin
+through a membership change.
+
 Nodes are started detached (their own session, no terminal, stdin from
 /dev/null) so they outlive the `xraftctl` process that started them and a ^C
 in that shell does not reach them. They are told about each other only by
@@ -57,6 +64,9 @@ class NodeInfo:
     data_dir: str
     log: str
     pid: Optional[int] = None
+    # False until the node's first start logged ready; until then it is started with
+    # --initial-cluster-state new. True for nodes of a cluster.json written before the flag.
+    founded: bool = True
 
 
 @dataclass
@@ -203,7 +213,7 @@ def new_cluster(dir_: str, nodes: int, base_port: Optional[int] = None, fsync: O
         node_dir = root / f"node-{i + 1}"
         (node_dir / "data").mkdir(parents=True, exist_ok=True)
         infos.append(NodeInfo(id=i + 1, grpc=f"{HOST}:{ports[2 * i]}", resp=f"{HOST}:{ports[2 * i + 1]}",
-                              data_dir=str(node_dir / "data"), log=str(node_dir / "node.log")))
+                              data_dir=str(node_dir / "data"), log=str(node_dir / "node.log"), founded=False))
     cluster = ClusterInfo(dir=str(root), cluster_id="local-" + secrets.token_hex(6), secret_file=str(secret_path),
                           nodes=infos, node_command=list(node_command or DEFAULT_NODE_COMMAND),
                           node_args=list(node_args), fsync=fsync)
@@ -225,6 +235,8 @@ def node_argv(cluster: ClusterInfo, node: NodeInfo) -> list:
     ]
     if cluster.fsync:
         argv += ["--fsync", cluster.fsync]
+    if not node.founded:
+        argv += ["--initial-cluster-state", "new"]
     return argv + list(cluster.node_args)
 
 
@@ -500,6 +512,9 @@ def _start_and_wait(cluster, to_start, started, timeout, progress, wait_leader):
                                         f"last lines of {node.log}:\n{log_tail(node.log)}")
             if node.id not in ready and logged_ready(node, offsets[node.id]):
                 ready.add(node.id)
+                if not node.founded:
+                    node.founded = True  # its bootstrap is durable: restarts are from disk
+                    save(cluster)
         leader = None
         if len(ready) == len(to_start):
             if not wait_leader:

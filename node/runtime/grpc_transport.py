@@ -7,10 +7,12 @@ outgoing links, `_Link`) and serves every peer's stream to it (inbound
 streams). Both share nothing: a broken direction never stalls the other.
 
 Handshake (peer_auth.py). The dialler sends its Hello, the acceptor checks it
-(cluster id, known node id, HMAC proof, clock window, nonce never seen) and
-answers with its own Hello bound to the dialler's nonce, which the dialler
-checks. Until both Hellos passed, nothing is delivered and nothing is sent: a
-process without the cluster's secret can never vote or append. A refusal ends
+(cluster id, known node id, HMAC proof) and answers with its own Hello bound to
+the dialler's nonce, which the dialler checks (and the acceptor's incarnation);
+the dialler confirms with a third Hello bound to the acceptor's nonce, which
+the acceptor checks (and the dialler's incarnation). No clock is compared.
+Until all three passed, nothing is delivered and nothing is sent: a process
+without the cluster's secret can never vote or append. A refusal ends
 the call with the status named in peer.proto and is logged on both sides.
 
 Sending. send() never blocks and never raises into the Raft loop:
@@ -72,7 +74,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -80,7 +82,7 @@ from google.protobuf.message import DecodeError
 from ...proto.v1 import peer_pb2, peer_pb2_grpc
 from ..raft.codec import CodecError, decode_message, encode_message
 from ..raft.types import LOCAL_MESSAGES, Message
-from .peer_auth import MAX_ENVELOPE_BYTES, MIN_ENVELOPE_BYTES, HelloRefused, NonceCache, PeerAuthenticator, \
+from .peer_auth import MAX_ENVELOPE_BYTES, MIN_ENVELOPE_BYTES, HelloRefused, PeerAuthenticator, \
     RefusalCode
 from .transport import Batch, TransportHandler
 
@@ -147,14 +149,12 @@ class TransportLimits:
     max_batch_messages: int = MAX_PROTO_BATCH_MESSAGES  # per envelope, both directions
     max_queued_bytes: int = 64 << 20  # per outgoing link: accepted by send(), not yet written
     max_queued_batches: int = 10_000  # per outgoing link
-    handshake_timeout_s: float = 5.0  # dial + both Hellos
+    handshake_timeout_s: float = 5.0  # dial + the three Hellos
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 5.0
     keepalive_s: float = 10.0  # HTTP/2 ping interval on an idle connection
     keepalive_timeout_s: float = 5.0  # no ping answer within this: the connection is dead
     max_pending_handshakes: int = 64  # inbound streams not yet past the Hello
-    auth_window_ms: int = 30_000
-    nonce_cache_entries: int = 65_536
 
     def validate(self) -> None:
         if not MIN_ENVELOPE_BYTES <= self.max_envelope_bytes <= MAX_ENVELOPE_BYTES:
@@ -162,8 +162,7 @@ class TransportLimits:
         if not 1 <= self.max_batch_messages <= MAX_PROTO_BATCH_MESSAGES:
             raise TransportError(f"max_batch_messages must be in [1, {MAX_PROTO_BATCH_MESSAGES}]")
         for name in ("max_queued_bytes", "max_queued_batches", "handshake_timeout_s", "backoff_initial_s",
-                     "keepalive_s", "keepalive_timeout_s", "max_pending_handshakes", "auth_window_ms",
-                     "nonce_cache_entries"):
+                     "keepalive_s", "keepalive_timeout_s", "max_pending_handshakes"):
             if getattr(self, name) <= 0:
                 raise TransportError(f"TransportLimits.{name} must be > 0")
         if self.backoff_max_s < self.backoff_initial_s:
@@ -365,7 +364,9 @@ class GrpcTransport:
 
     def __init__(self, node_id: int, cluster_id: str, secret: bytes, listen_addr: str,
                  peers: dict[int, str], tls: Optional[TlsConfig] = None,
-                 limits: TransportLimits = TransportLimits(), advertise_address: Optional[str] = None):
+                 limits: TransportLimits = TransportLimits(), advertise_address: Optional[str] = None,
+                 incarnation: Optional[bytes] = None,
+                 check_incarnation: Optional[Callable[[int, bytes], None]] = None):
         limits.validate()
         if node_id in peers:
             raise TransportError(f"node {node_id} lists itself as a peer")
@@ -375,11 +376,14 @@ class GrpcTransport:
         self.tls = tls
         self.limits = limits
         self.stats = TransportStats()
+        # incarnation / check_incarnation: node_main passes the data dir's (incarnation.py);
+        # without them this is a fresh incarnation that accepts any peer's (tests).
         self.auth = PeerAuthenticator(node_id, cluster_id, secret, known_node=self._is_peer,
-                                      window_ms=limits.auth_window_ms,
+                                      incarnation=incarnation,
                                       max_envelope_bytes=limits.max_envelope_bytes,
                                       advertise_address=advertise_address or listen_addr,
-                                      nonce_cache=NonceCache(limits.nonce_cache_entries))
+                                      **({} if check_incarnation is None else
+                                         {"check_incarnation": check_incarnation}))
         self.handler: Optional[TransportHandler] = None
         self.port: Optional[int] = None  # bound by serve()
         self._server: Optional[grpc.aio.Server] = None
@@ -634,6 +638,8 @@ class GrpcTransport:
         if env.WhichOneof("body") != "hello":
             raise HelloRefused(RefusalCode.FAILED_PRECONDITION, f"answered with {env.WhichOneof('body')}")
         self.auth.check_acceptor_hello(env.hello, mine)
+        await call.write(peer_pb2.PeerEnvelope(hello=self.auth.dialler_confirm(env.hello, mine))
+                         .SerializeToString())
         return env.hello
 
     async def _pump(self, link: _Link, call) -> None:
@@ -688,6 +694,24 @@ class GrpcTransport:
                    "node %d: refused a peer stream from %s: %s", self.node_id, context.peer(), why)
         await context.abort(code, why)
 
+    async def _check_confirm(self, context, first: peer_pb2.Hello, answer: peer_pb2.Hello) -> None:
+        """Step 3: the dialler's signature over our nonce, or the call ends here."""
+        try:
+            confirm = await asyncio.wait_for(context.read(), self.limits.handshake_timeout_s)
+        except asyncio.TimeoutError:
+            await self._refuse(context, grpc.StatusCode.DEADLINE_EXCEEDED, "no confirmation in time")
+        except DecodeError:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "confirmation is not a PeerEnvelope")
+        if confirm is grpc.aio.EOF:
+            await context.abort(grpc.StatusCode.CANCELLED, "the dialler left during the handshake")
+        if confirm.WhichOneof("body") != "hello":
+            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
+                               f"third frame is {confirm.WhichOneof('body')}, not the confirming Hello")
+        try:
+            self.auth.check_dialler_confirm(confirm.hello, first, answer)
+        except HelloRefused as exc:
+            await self._refuse(context, _REFUSAL_STATUS[exc.code], exc.reason)
+
     async def _serve_inbound(self, context) -> None:
         handler = self.handler
         if handler is None or self._closed:
@@ -711,7 +735,9 @@ class GrpcTransport:
                 self.auth.check_dialler_hello(first.hello)
             except HelloRefused as exc:
                 await self._refuse(context, _REFUSAL_STATUS[exc.code], exc.reason)
-            await context.write(peer_pb2.PeerEnvelope(hello=self.auth.acceptor_hello(first.hello)))
+            answer = self.auth.acceptor_hello(first.hello)
+            await context.write(peer_pb2.PeerEnvelope(hello=answer))
+            await self._check_confirm(context, first.hello, answer)
         finally:
             self._handshaking -= 1
         await self._receive(context, first.hello.node_id)

@@ -1,39 +1,45 @@
-"""Peer authentication: the HMAC Hello of the peer protocol (proto/xraft/v1/peer.proto).
+"""Peer authentication: the HMAC handshake of the peer protocol (proto/xraft/v1/peer.proto).
 
 Every node of a cluster holds the same shared secret (never sent on the wire).
-The dialler opens a Peer.Stream and sends a Hello first; the acceptor checks it
-and answers with its own Hello, which the dialler checks in turn. Each Hello
-carries
+The dialler opens a Peer.Stream; three Hellos follow, each signed with
 
-    proof = HMAC-SHA256(secret, "xraft-peer-v1\\0" || cluster_id || "\\0" ||
+    proof = HMAC-SHA256(secret, "xraft-peer-v2\\0" || role || cluster_id || "\\0" ||
             u64be(node_id) || u64be(peer_node_id) || u64be(unix_ms) ||
-            nonce || reply_to_nonce)
+            u8(len) nonce || u8(len) reply_to_nonce || u8(len) incarnation)
+
+  1. dialler -> acceptor  role DIAL:    a fresh nonce Nd
+  2. acceptor -> dialler  role ACCEPT:  a fresh nonce Na, reply_to_nonce = Nd
+  3. dialler -> acceptor  role CONFIRM: reply_to_nonce = Na
 
 so a process without the secret can neither open a stream to a node nor pose
 as the node a dialler meant to reach: nothing it sends is ever voted on or
-appended. Replays are stopped from both sides:
+appended. Replays are stopped by challenge and response on both sides, with no
+clock involved: each side accepts the other only once it has signed that
+side's fresh nonce (2 for the dialler, 3 for the acceptor), so a Hello captured
+from another handshake proves nothing, now or later, and two nodes whose
+clocks are minutes or days apart still connect. (Version 1 checked unix_ms
+against a 30 s window instead, which cut nodes with skewed clocks off the
+cluster.) unix_ms is still sent and signed, for logs only; the role byte keeps
+one step's proof from standing in for another's, the length prefixes keep two
+nonce splits from signing alike.
 
-  * acceptor side: a dialler's Hello is accepted only if its clock reading is
-    within `window_ms` of ours AND its nonce was not seen in that window (the
-    NonceCache below remembers every accepted nonce until its Hello leaves the
-    window, so a captured Hello can be replayed neither now nor later);
-  * dialler side: the acceptor's Hello must carry the dialler's fresh nonce in
-    reply_to_nonce, so an acceptor's Hello captured from another handshake
-    proves nothing.
+Each Hello also carries the sender's incarnation (incarnation.py: 16 random
+bytes drawn when its data dir was bootstrapped). Once the other side is
+proven fresh, check_incarnation(node_id, incarnation) runs: a node id that
+comes back with a different incarnation lost its disk and is refused.
 
 What this does NOT give without TLS: confidentiality, or protection against an
 on-path attacker who lets the handshake through and then injects frames into
 the plaintext TCP stream. Configure TLS (grpc_transport.TlsConfig) when the
 network between nodes is not trusted.
 
-This module is transport-free (hashlib/hmac, a clock, os.urandom): the gRPC
-plumbing lives in grpc_transport.py and maps HelloRefused.code onto a gRPC
-status.
+This module is transport-free (hashlib/hmac, a clock for the informational
+unix_ms, os.urandom): the gRPC plumbing lives in grpc_transport.py and maps
+HelloRefused.code onto a gRPC status.
 """
 from __future__ import annotations
 
 import enum
-import heapq
 import hmac
 import hashlib
 import logging
@@ -47,8 +53,8 @@ from ...proto.v1 import peer_pb2
 
 log = logging.getLogger("xraft.peer_auth")
 
-PROTOCOL_VERSION = 1
-DOMAIN = b"xraft-peer-v1\x00"
+PROTOCOL_VERSION = 2
+DOMAIN = b"xraft-peer-v2\x00"
 DEFAULT_SECRET_ENV = "XRAFT_CLUSTER_SECRET"  # the name xraft-node's CLI documents
 # The name this module used first. Still read (with a warning) when DEFAULT_SECRET_ENV is
 # unset, so a deployment that exported it keeps starting; drop it in a later release.
@@ -60,7 +66,8 @@ NONCE_BYTES = 32  # what we send; peers may send 16..64
 MIN_NONCE_BYTES, MAX_NONCE_BYTES = 16, 64
 PROOF_BYTES = 32
 MAX_ADVERTISE_BYTES = 256
-DEFAULT_WINDOW_MS = 30_000
+INCARNATION_BYTES = 16
+ROLE_DIAL, ROLE_ACCEPT, ROLE_CONFIRM = b"D", b"A", b"C"  # which step of the handshake a proof signs
 MAX_ENVELOPE_BYTES = 16 << 20  # the proto's default and maximum
 MIN_ENVELOPE_BYTES = 2 << 20
 _U64 = struct.Struct(">Q")
@@ -80,10 +87,11 @@ class SecretError(PeerAuthError):
 
 class RefusalCode(enum.Enum):
     # Names follow the gRPC status the acceptor ends the call with (see peer.proto).
-    UNAUTHENTICATED = "UNAUTHENTICATED"  # bad proof, stale clock, replayed nonce
-    FAILED_PRECONDITION = "FAILED_PRECONDITION"  # other cluster, protocol version, wrong/unknown node
+    UNAUTHENTICATED = "UNAUTHENTICATED"  # bad proof, an answer to another handshake's nonce
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"  # other cluster, protocol version, wrong/unknown node,
+    #                                             a node id back with another incarnation
     INVALID_ARGUMENT = "INVALID_ARGUMENT"  # a malformed Hello (field sizes)
-    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # the nonce cache is full of live entries
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # the incarnation book is full
 
 
 class HelloRefused(PeerAuthError):
@@ -148,50 +156,13 @@ def check_cluster_id(cluster_id: str) -> bytes:
     return b
 
 
-def compute_proof(secret: bytes, cluster_id: bytes, node_id: int, peer_node_id: int, unix_ms: int,
-                  nonce: bytes, reply_to_nonce: bytes) -> bytes:
-    msg = b"".join((DOMAIN, cluster_id, b"\x00", _U64.pack(node_id), _U64.pack(peer_node_id),
-                    _U64.pack(unix_ms), nonce, reply_to_nonce))
+def compute_proof(secret: bytes, cluster_id: bytes, role: bytes, node_id: int, peer_node_id: int,
+                  unix_ms: int, nonce: bytes, reply_to_nonce: bytes, incarnation: bytes) -> bytes:
+    # Every variable-length field is length-prefixed (each is <= 64 bytes, checked before this).
+    msg = b"".join((DOMAIN, role, cluster_id, b"\x00", _U64.pack(node_id), _U64.pack(peer_node_id),
+                    _U64.pack(unix_ms), bytes((len(nonce),)), nonce, bytes((len(reply_to_nonce),)),
+                    reply_to_nonce, bytes((len(incarnation),)), incarnation))
     return hmac.new(secret, msg, hashlib.sha256).digest()
-
-
-# ---------------------------------------------------------------- replay protection
-
-
-class NonceCache:
-    """Nonces of accepted Hellos, each kept until its Hello's timestamp leaves the window.
-
-    Bounded: at most `max_entries` live nonces. Only Hellos with a VALID proof are
-    recorded (the check runs after the HMAC), so only a secret holder can fill it;
-    when it is full of live entries a new Hello is refused (RESOURCE_EXHAUSTED)
-    rather than evicting a live nonce, which would reopen a replay.
-    """
-
-    def __init__(self, max_entries: int = 65_536):
-        if max_entries <= 0:
-            raise ValueError("max_entries must be > 0")
-        self.max_entries = max_entries
-        self._expiry: dict[bytes, int] = {}
-        self._heap: list[tuple[int, bytes]] = []
-
-    def __len__(self) -> int:
-        return len(self._expiry)
-
-    def _prune(self, now_ms: int) -> None:
-        h = self._heap
-        while h and h[0][0] < now_ms:
-            _, nonce = heapq.heappop(h)
-            self._expiry.pop(nonce, None)
-
-    def check_and_add(self, nonce: bytes, expires_ms: int, now_ms: int) -> None:
-        """Record `nonce` until `expires_ms`; HelloRefused if it is already live or the cache is full."""
-        self._prune(now_ms)
-        if nonce in self._expiry:
-            raise HelloRefused(RefusalCode.UNAUTHENTICATED, "replayed Hello (nonce already seen)")
-        if len(self._expiry) >= self.max_entries:
-            raise HelloRefused(RefusalCode.RESOURCE_EXHAUSTED, "too many handshakes in the replay window")
-        self._expiry[nonce] = expires_ms
-        heapq.heappush(self._heap, (expires_ms, nonce))
 
 
 # ---------------------------------------------------------------- the handshake
@@ -201,19 +172,27 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _accept_any_incarnation(_node_id: int, _incarnation: bytes) -> None:
+    return None
+
+
 class PeerAuthenticator:
     """One node's side of the handshake: makes its Hellos and checks the peers'.
 
     `known_node` decides which node ids may connect (the node's current peer set);
-    `clock_ms` is injectable so tests can model skewed and replayed clocks.
+    `incarnation` is this node's (16 bytes; a random one when not given: an
+    in-memory node is a new incarnation every time); `check_incarnation` raises
+    HelloRefused for a peer's incarnation it refuses (PeerIncarnations.check),
+    and runs only on a Hello proven fresh; `clock_ms` only feeds unix_ms (logs):
+    no check depends on it, so tests inject skewed clocks to show exactly that.
     """
 
     def __init__(self, node_id: int, cluster_id: str, secret: bytes, *,
                  known_node: Callable[[int], bool],
-                 window_ms: int = DEFAULT_WINDOW_MS,
+                 incarnation: Optional[bytes] = None,
+                 check_incarnation: Callable[[int, bytes], None] = _accept_any_incarnation,
                  max_envelope_bytes: int = MAX_ENVELOPE_BYTES,
                  advertise_address: str = "",
-                 nonce_cache: Optional[NonceCache] = None,
                  clock_ms: Callable[[], int] = _wall_ms):
         if not 0 < node_id <= _MAX_U64:
             raise ValueError(f"node id {node_id} must be > 0")
@@ -223,39 +202,82 @@ class PeerAuthenticator:
             raise ValueError(f"max_envelope_bytes must be in [{MIN_ENVELOPE_BYTES}, {MAX_ENVELOPE_BYTES}]")
         if len(advertise_address.encode()) > MAX_ADVERTISE_BYTES:
             raise ValueError("advertise address over 256 bytes")
-        if window_ms <= 0:
-            raise ValueError("window_ms must be > 0")
+        incarnation = os.urandom(INCARNATION_BYTES) if incarnation is None else bytes(incarnation)
+        if len(incarnation) != INCARNATION_BYTES:
+            raise ValueError(f"incarnation must be {INCARNATION_BYTES} bytes")
         self.node_id = node_id
         self.cluster_id = cluster_id
         self._cluster = check_cluster_id(cluster_id)
         self._secret = bytes(secret)
         self.known_node = known_node
-        self.window_ms = window_ms
+        self.incarnation = incarnation
+        self.check_incarnation = check_incarnation
         self.max_envelope_bytes = max_envelope_bytes
         self.advertise_address = advertise_address
-        self.nonces = nonce_cache or NonceCache()
         self.clock_ms = clock_ms
 
-    def _hello(self, peer_node_id: int, reply_to_nonce: bytes) -> peer_pb2.Hello:
-        now = self.clock_ms()
-        nonce = os.urandom(NONCE_BYTES)
+    def _hello(self, role: bytes, peer_node_id: int, nonce: bytes, reply_to_nonce: bytes) -> peer_pb2.Hello:
+        now = max(0, min(_MAX_U64, int(self.clock_ms())))
         return peer_pb2.Hello(
             protocol_version=PROTOCOL_VERSION, cluster_id=self.cluster_id, node_id=self.node_id,
             peer_node_id=peer_node_id, unix_ms=now, nonce=nonce, reply_to_nonce=reply_to_nonce,
-            proof=compute_proof(self._secret, self._cluster, self.node_id, peer_node_id, now, nonce,
-                                reply_to_nonce),
+            incarnation=self.incarnation,
+            proof=compute_proof(self._secret, self._cluster, role, self.node_id, peer_node_id, now, nonce,
+                                reply_to_nonce, self.incarnation),
             max_envelope_bytes=self.max_envelope_bytes, advertise_address=self.advertise_address)
+
+    # -- step 1 (dialler) and its check (acceptor)
 
     def dialler_hello(self, peer_node_id: int) -> peer_pb2.Hello:
         """The first frame of a stream this node opens to `peer_node_id`."""
-        return self._hello(peer_node_id, b"")
+        return self._hello(ROLE_DIAL, peer_node_id, os.urandom(NONCE_BYTES), b"")
+
+    def check_dialler_hello(self, h: peer_pb2.Hello) -> None:
+        """Acceptor side, step 1. Raises HelloRefused. Passing proves only that a secret
+        holder made `h` at some time: the stream is trusted after check_dialler_confirm()."""
+        if h.reply_to_nonce:
+            raise HelloRefused(RefusalCode.INVALID_ARGUMENT, "a dialler's Hello has a reply_to_nonce")
+        if not self.known_node(h.node_id):
+            raise HelloRefused(RefusalCode.FAILED_PRECONDITION, f"node {h.node_id} is not a peer of this node")
+        self._check_common(h, ROLE_DIAL)
+
+    # -- step 2 (acceptor) and its check (dialler)
 
     def acceptor_hello(self, their: peer_pb2.Hello) -> peer_pb2.Hello:
-        """Our answer to a dialler's Hello that check_dialler_hello() accepted."""
-        return self._hello(their.node_id, their.nonce)
+        """Our answer to a dialler's Hello that check_dialler_hello() accepted: our fresh
+        nonce, the challenge the dialler must sign in step 3."""
+        return self._hello(ROLE_ACCEPT, their.node_id, os.urandom(NONCE_BYTES), their.nonce)
 
-    def _check_common(self, h: peer_pb2.Hello) -> None:
-        """Checks every Hello gets, cheapest first; the HMAC and the clock come last."""
+    def check_acceptor_hello(self, h: peer_pb2.Hello, mine: peer_pb2.Hello) -> None:
+        """Dialler side: `h` answers our Hello `mine` (sent to mine.peer_node_id)."""
+        if h.node_id != mine.peer_node_id:
+            raise HelloRefused(RefusalCode.FAILED_PRECONDITION,
+                               f"dialled node {mine.peer_node_id}, node {h.node_id} answered")
+        # Bound to our fresh nonce: an acceptor Hello recorded elsewhere cannot be replayed to us.
+        if not hmac.compare_digest(h.reply_to_nonce, mine.nonce):
+            raise HelloRefused(RefusalCode.UNAUTHENTICATED, "the answer does not reply to our nonce")
+        self._check_common(h, ROLE_ACCEPT)
+        self.check_incarnation(h.node_id, h.incarnation)  # fresh and authentic: now it may teach us
+
+    # -- step 3 (dialler) and its check (acceptor)
+
+    def dialler_confirm(self, theirs: peer_pb2.Hello, mine: peer_pb2.Hello) -> peer_pb2.Hello:
+        """Step 3: our signature over the acceptor's nonce (after check_acceptor_hello(theirs, mine))."""
+        return self._hello(ROLE_CONFIRM, mine.peer_node_id, mine.nonce, theirs.nonce)
+
+    def check_dialler_confirm(self, h: peer_pb2.Hello, first: peer_pb2.Hello, answer: peer_pb2.Hello) -> None:
+        """Acceptor side, step 3: `h` must be signed by the dialler of `first` over our
+        nonce in `answer`. Only now is the dialler proven live: a replayed step 1 stops here."""
+        if h.node_id != first.node_id or h.incarnation != first.incarnation:
+            raise HelloRefused(RefusalCode.FAILED_PRECONDITION,
+                               f"node {first.node_id} opened the handshake, node {h.node_id} confirmed it")
+        if not hmac.compare_digest(h.reply_to_nonce, answer.nonce):
+            raise HelloRefused(RefusalCode.UNAUTHENTICATED, "the confirmation does not reply to our nonce")
+        self._check_common(h, ROLE_CONFIRM)
+        self.check_incarnation(h.node_id, h.incarnation)
+
+    def _check_common(self, h: peer_pb2.Hello, role: bytes) -> None:
+        """Checks every Hello gets, cheapest first; the HMAC comes last."""
         if h.protocol_version != PROTOCOL_VERSION:
             raise HelloRefused(RefusalCode.FAILED_PRECONDITION,
                                f"protocol version {h.protocol_version}, this node speaks {PROTOCOL_VERSION}")
@@ -269,6 +291,10 @@ class PeerAuthenticator:
             raise HelloRefused(RefusalCode.FAILED_PRECONDITION, f"sender claims node id {h.node_id}")
         if not MIN_NONCE_BYTES <= len(h.nonce) <= MAX_NONCE_BYTES:
             raise HelloRefused(RefusalCode.INVALID_ARGUMENT, f"nonce of {len(h.nonce)} bytes")
+        if len(h.reply_to_nonce) > MAX_NONCE_BYTES:
+            raise HelloRefused(RefusalCode.INVALID_ARGUMENT, f"reply_to_nonce of {len(h.reply_to_nonce)} bytes")
+        if len(h.incarnation) != INCARNATION_BYTES:
+            raise HelloRefused(RefusalCode.INVALID_ARGUMENT, f"incarnation of {len(h.incarnation)} bytes")
         if len(h.proof) != PROOF_BYTES:
             raise HelloRefused(RefusalCode.INVALID_ARGUMENT, f"proof of {len(h.proof)} bytes")
         if len(h.advertise_address.encode()) > MAX_ADVERTISE_BYTES:
@@ -276,36 +302,11 @@ class PeerAuthenticator:
         env = h.max_envelope_bytes
         if env and not MIN_ENVELOPE_BYTES <= env <= MAX_ENVELOPE_BYTES:
             raise HelloRefused(RefusalCode.INVALID_ARGUMENT, f"max_envelope_bytes {env} out of range")
-        expected = compute_proof(self._secret, self._cluster, h.node_id, h.peer_node_id, h.unix_ms,
-                                 h.nonce, h.reply_to_nonce)
+        expected = compute_proof(self._secret, self._cluster, role, h.node_id, h.peer_node_id, h.unix_ms,
+                                 h.nonce, h.reply_to_nonce, h.incarnation)
         # Constant time: a byte-by-byte compare would leak how much of a forged proof is right.
         if not hmac.compare_digest(expected, h.proof):
             raise HelloRefused(RefusalCode.UNAUTHENTICATED, f"bad proof from node {h.node_id} (wrong secret?)")
-        # The clock is checked after the proof: a stranger learns nothing about our clock.
-        skew = h.unix_ms - self.clock_ms()
-        if abs(skew) > self.window_ms:
-            raise HelloRefused(RefusalCode.UNAUTHENTICATED,
-                               f"node {h.node_id}'s clock is {skew} ms off ours (window {self.window_ms} ms)")
-
-    def check_dialler_hello(self, h: peer_pb2.Hello) -> None:
-        """Acceptor side. Raises HelloRefused; on return the dialler is node h.node_id."""
-        if h.reply_to_nonce:
-            raise HelloRefused(RefusalCode.INVALID_ARGUMENT, "a dialler's Hello has a reply_to_nonce")
-        if not self.known_node(h.node_id):
-            raise HelloRefused(RefusalCode.FAILED_PRECONDITION, f"node {h.node_id} is not a peer of this node")
-        self._check_common(h)
-        # Recorded only now, after the proof: strangers cannot fill the cache.
-        self.nonces.check_and_add(h.nonce, h.unix_ms + self.window_ms, self.clock_ms())
-
-    def check_acceptor_hello(self, h: peer_pb2.Hello, mine: peer_pb2.Hello) -> None:
-        """Dialler side: `h` answers our Hello `mine` (sent to mine.peer_node_id)."""
-        if h.node_id != mine.peer_node_id:
-            raise HelloRefused(RefusalCode.FAILED_PRECONDITION,
-                               f"dialled node {mine.peer_node_id}, node {h.node_id} answered")
-        # Bound to our fresh nonce: an acceptor Hello recorded elsewhere cannot be replayed to us.
-        if not hmac.compare_digest(h.reply_to_nonce, mine.nonce):
-            raise HelloRefused(RefusalCode.UNAUTHENTICATED, "the answer does not reply to our nonce")
-        self._check_common(h)
 
     @staticmethod
     def envelope_limit(h: peer_pb2.Hello) -> int:

@@ -4,8 +4,9 @@
                --peers 1=GRPCHOST:PORT,2=...,3=...      gRPC addresses of all initial voters, self included
                [--resp-peers 1=HOST:PORT,...]           RESP addresses (for -MOVED / CLUSTER SLOTS)
                [--secret-file F]                        else $XRAFT_CLUSTER_SECRET; no secret, no start
+               [--initial-cluster-state new|existing]   `new` only on a founding node's first start
                [--config node.toml]                     same keys as the flags; flags override
-               [--fsync always|batch|never] [--requirepass P] [--token-file F]
+               [--fsync always|batch|never] [--requirepass P --token-file F]
                [--tls-cert F --tls-key F --tls-ca F [--tls-require-client-cert]]
                [--tick-ms 100] [--election-ticks 10] [--snapshot-entries 10000]
                [--log-level warning] [--log-json]
@@ -13,6 +14,21 @@
 TOML keys are the flag names without the dashes, `-` or `_` alike
 (`cluster-id` or `cluster_id`). `peers` / `resp-peers` take the flag's string
 form or a table (`[peers]` with `1 = "127.0.0.1:7001"`).
+
+Bootstrapping (--initial-cluster-state, as etcd's flag of that name): a
+node founds a cluster, i.e. writes --peers as the first voters into an empty
+data dir, only when started with `new`. With `existing` (the default) an
+empty data dir is refused: a node that lost its disk must not come back as
+a voter with no log (it would forget votes and committed entries). `new` on
+a data dir that already holds this node's state is ignored, so a supervisor
+may keep passing it; see node/server/data_dir.py.
+
+Authentication: --requirepass (RESP AUTH) needs --token-file (the gRPC client
+API's bearer token) too. Execute over gRPC runs the same commands as RESP,
+CONFIG SET included, on the port peers must reach, so a password on RESP alone
+would leave the same commands open next to it. A node refuses to start with
+one and not the other rather than inventing a token the operator never sees.
+Without either, both APIs are open, and node_main says so at WARNING.
 
 Precedence: built-in defaults < TOML < flags. Everything is validated here,
 before a single file is opened, so a typo is one clear line on stderr and
@@ -33,6 +49,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Optional
 
 FSYNC_MODES = ("always", "batch", "never")
+CLUSTER_STATES = ("new", "existing")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_NODES = 64                 # voters in one group; Raft beyond ~7 is unusual, 64 is a sanity bound
 MAX_CONFIG_BYTES = 1 << 20     # a node.toml larger than this is not a config file
@@ -59,6 +76,7 @@ class NodeConfig:
     peers: dict = field(default_factory=dict)  # node id -> gRPC address, self included
     resp_peers: dict = field(default_factory=dict)  # node id -> RESP address (may omit nodes)
     secret_file: Optional[str] = None
+    initial_cluster_state: str = "existing"    # "new": may bootstrap an empty data dir (module doc)
     fsync: str = "always"
     requirepass: Optional[str] = None
     token_file: Optional[str] = None
@@ -107,13 +125,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", metavar="1=HOST:PORT,...", help="gRPC addresses of all initial voters")
     p.add_argument("--resp-peers", metavar="1=HOST:PORT,...", help="RESP addresses of the voters")
     p.add_argument("--secret-file", metavar="FILE", help="shared peer secret (else $XRAFT_CLUSTER_SECRET)")
+    p.add_argument("--initial-cluster-state", choices=CLUSTER_STATES,
+                   help="'new': this is a founding node of a new cluster; on its first start it writes "
+                        "--peers as the initial voters into its empty data dir (ignored when the dir "
+                        "already holds this node's state). 'existing' (default): the data dir must hold "
+                        "this node's state; an empty one is refused, since a node that lost its disk must "
+                        "rejoin through a membership change, not vote with no log")
     p.add_argument("--fsync", choices=FSYNC_MODES,
                    help="WAL fsync policy (default always). always: fsync before any write is "
                         "acknowledged (durable). batch: fsync at most every 10 ms (or per 1 MiB); "
                         "writes are acknowledged before their fsync, so a power cut can lose the "
                         "last ~10 ms (a process crash loses nothing). never: no fsync at all "
                         "(tests, benchmarks)")
-    p.add_argument("--requirepass", metavar="P", help="RESP password (AUTH)")
+    p.add_argument("--requirepass", metavar="P",
+                   help="RESP password (AUTH); needs --token-file too, or the gRPC client API "
+                        "would serve the same commands without it")
     p.add_argument("--token-file", metavar="FILE", help="bearer token file for the gRPC client API")
     p.add_argument("--tls-cert", metavar="FILE")
     p.add_argument("--tls-key", metavar="FILE")
@@ -183,6 +209,13 @@ def build(values: dict) -> NodeConfig:
     extra = set(v["resp_peers"]) - set(v["peers"])
     if extra:
         raise ConfigError(f"--resp-peers names node(s) {sorted(extra)} that are not in --peers")
+    if str(v["initial_cluster_state"]) not in CLUSTER_STATES:
+        raise ConfigError(f"--initial-cluster-state must be one of {', '.join(CLUSTER_STATES)}")
+    v["initial_cluster_state"] = str(v["initial_cluster_state"])
+    if v.get("requirepass") is not None and v.get("token_file") is None:
+        raise ConfigError("--requirepass protects RESP only: the gRPC client API on --grpc (whose Execute "
+                          "runs the same commands, CONFIG SET included) would stay open without a "
+                          "password. Give --token-file too (the bearer token gRPC clients send)")
     if str(v["fsync"]) not in FSYNC_MODES:
         raise ConfigError(f"--fsync must be one of {', '.join(FSYNC_MODES)}")
     if str(v["log_level"]).lower() not in LOG_LEVELS:

@@ -4,12 +4,16 @@
                                   grpc.health.v1 (SERVING while a leader is known), reflection
     RESP server on --resp         redis clients (resp_server)
     MultiRaft                     group 1 owns all 16384 slots; WAL + snapshots in
-                                  --data-dir/group-1; first start bootstraps --peers as voters
+                                  --data-dir/group-1; bootstraps --peers as voters only on
+                                  the first start with --initial-cluster-state new (data_dir.py)
 
 Start-up: validate everything (config, secret, TLS files, token) before
 touching the data dir; lock the data dir (a second process on the same
-directory would corrupt the WAL) and check it belongs to this cluster and
-node id; recover the group; then open the listeners and log
+directory would corrupt the WAL), check it belongs to this cluster and
+node id and decide whether this start may bootstrap (data_dir.py: an empty
+data dir without --initial-cluster-state new is refused); recover the group;
+then open the listeners, warn once for each API served without
+authentication, and log
 `xraft-node <id> ready grpc=<addr> resp=<addr>` at WARNING (visible at the
 default quiet level: `xraftctl local up` waits for it).
 
@@ -34,9 +38,6 @@ Exit codes: 0 clean stop, 2 bad configuration, 1 could not start
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
-import json
 import logging
 import os
 import signal
@@ -59,6 +60,7 @@ from ..runtime.wal import FsyncPolicy, WalOptions
 from . import logging_setup
 from .backend import split_address
 from .config import ConfigError, NodeConfig, parse_args
+from .data_dir import DataDir, StartError, open_data_dir
 from .grpc_service import XRaftService
 from .raft_backend import RaftBackend
 from .resp_server import RespServer
@@ -67,18 +69,12 @@ log = logging.getLogger("xraft.node")
 
 GROUP_ID = 1
 SECRET_ENV = DEFAULT_SECRET_ENV      # one name, owned by peer_auth (the CLI documents it)
-IDENTITY_FILE = "node.json"
-LOCK_FILE = "LOCK"
 DRAIN_S = 2.0               # step 2: in-flight proposals may still commit
 TRANSFER_WAIT_S = 1.5       # step 3: leadership hand-over
 GRACE_S = 1.0               # step 5: replies already produced reach their clients
 SHUTDOWN_LIMIT_S = 20.0     # the whole sequence; beyond it the process exits anyway
 MAX_TOKEN_BYTES = 4096
 EXIT_OK, EXIT_START, EXIT_CONFIG, EXIT_FAILED = 0, 1, 2, 70
-
-
-class StartError(Exception):
-    """The node cannot start (the message says why); exit 1."""
 
 
 def _read_token(path: str) -> str:
@@ -93,52 +89,29 @@ def _read_token(path: str) -> str:
     return token
 
 
-def _lock_data_dir(cfg: NodeConfig):
-    """Create the data dir, take its lock (held until exit), check its identity."""
-    try:
-        os.makedirs(cfg.data_dir, exist_ok=True)
-        fd = os.open(os.path.join(cfg.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise StartError(f"cannot use data dir {cfg.data_dir!r}: {exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-            raise StartError(f"data dir {cfg.data_dir!r} is in use by another process") from None
-        raise StartError(f"cannot lock data dir {cfg.data_dir!r}: {exc}") from None
-    ident_path = os.path.join(cfg.data_dir, IDENTITY_FILE)
-    want = {"cluster_id": cfg.cluster_id, "node_id": cfg.id}
-    try:
-        with open(ident_path, "rb") as f:
-            have = json.loads(f.read(64 << 10))
-    except FileNotFoundError:
-        # First start: written (and made durable) before any Raft state exists, so a
-        # directory holding Raft state always says whose it is.
-        tmp = ident_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(want, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, ident_path)
-        dfd = os.open(cfg.data_dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        return fd
-    except (OSError, ValueError) as exc:
-        os.close(fd)
-        raise StartError(f"unreadable {ident_path}: {exc}") from None
-    if have != want:
-        os.close(fd)
-        raise StartError(f"data dir {cfg.data_dir!r} belongs to {have}, not {want}")
-    return fd
+def group_dir(cfg: NodeConfig) -> str:
+    return os.path.join(cfg.data_dir, "group-%d" % GROUP_ID)
+
+
+def warn_unauthenticated(cfg: NodeConfig, token: Optional[str]) -> None:
+    """Once at startup, at WARNING (shown at the default level): each client API that
+    anyone who reaches its port may use. (config.py refuses a RESP password without a
+    gRPC token, so a password never gives a false sense of a closed node.)"""
+    if cfg.requirepass is None:
+        log.warning("xraft-node %d: the RESP API on %s is served WITHOUT authentication "
+                    "(no --requirepass): any client that reaches it may read and write every key",
+                    cfg.id, cfg.resp)
+    if token is None:
+        log.warning("xraft-node %d: the gRPC client API (XRaft, Execute included) on %s is served "
+                    "WITHOUT authentication (no --token-file): any client that reaches it may read "
+                    "and write every key", cfg.id, cfg.grpc)
 
 
 class Node:
-    def __init__(self, cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: Optional[str]):
+    def __init__(self, cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: Optional[str],
+                 data: DataDir):
         self.cfg = cfg
+        self.data = data
         self.secret = secret
         self.tls = tls
         self.token = token
@@ -157,7 +130,8 @@ class Node:
         cfg = self.cfg
         peers = {nid: a for nid, a in cfg.peers.items() if nid != cfg.id}
         transport = GrpcTransport(cfg.id, cfg.cluster_id, self.secret, cfg.grpc, peers, tls=self.tls,
-                                  advertise_address=cfg.peers[cfg.id])
+                                  advertise_address=cfg.peers[cfg.id], incarnation=self.data.incarnation,
+                                  check_incarnation=self.data.peers.check)
         wal = WalOptions(fsync=FsyncPolicy[cfg.fsync.upper()])
         group = GroupOptions(election_tick=cfg.election_ticks, snapshot_entries=cfg.snapshot_entries,
                              storage=DiskStorageOptions(wal=wal))
@@ -177,8 +151,11 @@ class Node:
         # The group first: recovery reads the whole WAL, and no listener should
         # accept clients before the state they would read exists.
         await self.mr.start()
-        driver = await self.mr.add_group(GROUP_ID, os.path.join(cfg.data_dir, "group-%d" % GROUP_ID),
-                                         self.backend.machine, bootstrap_voters=tuple(cfg.peers))
+        # --peers become the voters only on a founding start (data_dir.py); otherwise the
+        # group's configuration comes from its own log and snapshot.
+        driver = await self.mr.add_group(GROUP_ID, group_dir(cfg), self.backend.machine,
+                                         bootstrap_voters=tuple(cfg.peers) if self.data.bootstrap else ())
+        self.data.mark_bootstrapped()
         self.backend.attach(driver)
 
         host, port = split_address(cfg.resp)
@@ -213,6 +190,7 @@ class Node:
         except OSError as exc:
             raise StartError(f"cannot listen on --resp {cfg.resp}: {exc}") from None
         self._update_health()
+        warn_unauthenticated(cfg, self.token)
         log.warning("xraft-node %d ready grpc=%s resp=%s", cfg.id, cfg.grpc, cfg.resp)
 
     # -- health -----------------------------------------------------------------------
@@ -299,8 +277,8 @@ class Node:
 
 
 async def run(cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: Optional[str]) -> int:
-    lock_fd = _lock_data_dir(cfg)
-    node = Node(cfg, secret, tls, token)
+    data = open_data_dir(cfg, group_dir(cfg))
+    node = Node(cfg, secret, tls, token, data)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node.request_stop, sig.name)
@@ -320,7 +298,7 @@ async def run(cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: O
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        os.close(lock_fd)
+        data.close()
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,9 @@
 
 Nodes run `python -m xraft.node.server.node_main` (the `xraft-node` entry
 point without needing a re-install) with a faster tick than the default so
-elections take about half a second. Every process started is killed at
+elections take about half a second. A node's first start founds the cluster
+(`--initial-cluster-state new`); every later start is a restart from disk
+(`existing`, the default), as an operator would run them. Every process started is killed at
 teardown, whatever the test did; a node's log is attached to the failure
 message of any wait that times out.
 """
@@ -57,6 +59,7 @@ class Node:
         self.proc = None
         self.secret_file = cluster.secret_file
         self.extra_args = []
+        self.founded = False             # started once: later starts restart from the data dir
 
     @property
     def resp_port(self) -> int:
@@ -70,7 +73,8 @@ class Node:
                 "--peers", ",".join("%d=%s" % (n.id, n.grpc) for n in c.nodes.values()),
                 "--resp-peers", ",".join("%d=%s" % (n.id, n.resp) for n in c.nodes.values()),
                 "--secret-file", self.secret_file,
-                "--tick-ms", str(TICK_MS), "--election-ticks", str(ELECTION_TICKS)] + self.extra_args
+                "--tick-ms", str(TICK_MS), "--election-ticks", str(ELECTION_TICKS)] + \
+            ([] if self.founded else ["--initial-cluster-state", "new"]) + self.extra_args
 
     def start(self) -> None:
         assert not self.running(), "node %d already running" % self.id
@@ -82,6 +86,7 @@ class Node:
         finally:
             log.close()
         self.cluster.started.append(self.proc)
+        self.founded = True
 
     def log_text(self, since_start: bool = True) -> str:
         try:

@@ -26,7 +26,8 @@ from xraft.ops import local_cluster as lc
 STAND_IN = r'''
 import argparse, asyncio, os, signal, socket, stat, sys
 p = argparse.ArgumentParser()
-for f in ("--id", "--cluster-id", "--data-dir", "--grpc", "--resp", "--peers", "--resp-peers", "--secret-file", "--fsync"):
+for f in ("--id", "--cluster-id", "--data-dir", "--grpc", "--resp", "--peers", "--resp-peers", "--secret-file", "--fsync",
+          "--initial-cluster-state"):
     p.add_argument(f)
 p.add_argument("--fake", default="")
 a = p.parse_args()
@@ -38,6 +39,8 @@ if stat.S_IMODE(st.st_mode) != 0o600 or len(open(a.secret_file).read().strip()) 
 counter = os.path.join(a.data_dir, "starts")
 starts = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
 open(counter, "w").write(str(starts))
+with open(os.path.join(a.data_dir, "cluster-states"), "a") as f:
+    f.write((a.initial_cluster_state or "-") + "\n")
 me = int(a.id)
 resp_peers = {int(k): v for k, v in (x.split("=") for x in a.resp_peers.split(","))}
 
@@ -197,6 +200,9 @@ def test_node_argv(tmp_path):
     assert flags["--resp-peers"] == ",".join(f"{n.id}={n.resp}" for n in cluster.nodes)
     assert flags["--secret-file"] == cluster.secret_file
     assert flags["--fsync"] == "always" and flags["--tick-ms"] == "50"
+    assert flags["--initial-cluster-state"] == "new"  # a new cluster: its first start founds it
+    n2.founded = True
+    assert "--initial-cluster-state" not in lc.node_argv(cluster, n2)  # restarts are from disk
     with pytest.raises(lc.LocalClusterError, match="no node 7"):
         cluster.node(7)
 
@@ -260,6 +266,10 @@ def test_up_status_kill_down_restart(stand_in, cluster_dir):
     again = lc.load(cluster_dir)
     assert [(n.grpc, n.resp) for n in again.nodes] == ports
     assert all((Path(n.data_dir) / "starts").read_text() == ("3" if n.id == 1 else "2") for n in again.nodes)
+    # Only the first start of each node founded the cluster; every restart is from disk.
+    assert (Path(cluster.node(1).data_dir) / "cluster-states").read_text().split() == ["new", "-", "-"]
+    assert (Path(cluster.node(2).data_dir) / "cluster-states").read_text().split() == ["new", "-"]
+    assert all(n.founded for n in again.nodes)
     result = CliRunner().invoke(cli.main, ["local", "down", "--dir", cluster_dir])
     assert result.exit_code == 0 and "stopped" in result.output
 

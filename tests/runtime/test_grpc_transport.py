@@ -18,7 +18,7 @@ from xraft.node.raft.types import Entry, Message, MessageType as MT
 from xraft.node.runtime import peer_auth
 from xraft.node.runtime.grpc_transport import GrpcTransport, TlsConfig, TransportError, TransportLimits, \
     server_options
-from xraft.node.runtime.peer_auth import HelloRefused, NonceCache, PeerAuthenticator, RefusalCode, SecretError
+from xraft.node.runtime.peer_auth import HelloRefused, PeerAuthenticator, RefusalCode, SecretError
 from xraft.proto.v1 import peer_pb2, peer_pb2_grpc
 
 SECRET = b"correct horse battery staple 42!"
@@ -142,7 +142,26 @@ def test_handshake_accepts_the_secret_holder_both_ways():
     b.check_dialler_hello(h)
     reply = b.acceptor_hello(h)
     a.check_acceptor_hello(reply, h)
-    assert reply.reply_to_nonce == h.nonce and len(h.proof) == 32
+    confirm = a.dialler_confirm(reply, h)
+    b.check_dialler_confirm(confirm, h, reply)
+    assert reply.reply_to_nonce == h.nonce and confirm.reply_to_nonce == reply.nonce and len(h.proof) == 32
+    assert h.incarnation == confirm.incarnation == a.incarnation and len(a.incarnation) == 16
+
+
+@pytest.mark.parametrize("skew_ms", [31_000, -31_000, 86_400_000, -1_700_000_000_000])
+def test_skewed_clocks_do_not_stop_the_handshake(skew_ms):
+    """Replay protection is challenge-response on nonces, not a clock window: a peer whose
+    clock is off by more than 30 s (or a day, or reads 1970) still connects, both ways."""
+    clock = Clock()
+    skewed = Clock(clock.ms + skew_ms)
+    a = PeerAuthenticator(1, CLUSTER, SECRET, known_node=lambda n: n == 2, clock_ms=skewed)
+    b = PeerAuthenticator(2, CLUSTER, SECRET, known_node=lambda n: n == 1, clock_ms=clock)
+    for dialler, acceptor in ((a, b), (b, a)):
+        h = dialler.dialler_hello(acceptor.node_id)
+        acceptor.check_dialler_hello(h)  # main refused here: "clock is ... ms off ours"
+        reply = acceptor.acceptor_hello(h)
+        dialler.check_acceptor_hello(reply, h)
+        acceptor.check_dialler_confirm(dialler.dialler_confirm(reply, h), h, reply)
 
 
 @pytest.mark.parametrize("field,value,code", [
@@ -155,7 +174,10 @@ def test_handshake_accepts_the_secret_holder_both_ways():
     ("nonce", b"n" * 8, RefusalCode.INVALID_ARGUMENT),
     ("proof", b"\x00" * 32, RefusalCode.UNAUTHENTICATED),
     ("proof", b"\x00" * 31, RefusalCode.INVALID_ARGUMENT),
-    ("protocol_version", 2, RefusalCode.FAILED_PRECONDITION),
+    ("protocol_version", 1, RefusalCode.FAILED_PRECONDITION),  # version 1 had the clock window
+    ("incarnation", b"i" * 16, RefusalCode.UNAUTHENTICATED),
+    ("incarnation", b"i" * 15, RefusalCode.INVALID_ARGUMENT),
+    ("reply_to_nonce", b"r" * 32, RefusalCode.INVALID_ARGUMENT),  # a dialler's first Hello has none
     ("max_envelope_bytes", 1024, RefusalCode.INVALID_ARGUMENT),
 ])
 def test_a_tampered_hello_is_refused(field, value, code):
@@ -185,33 +207,57 @@ def test_wrong_secret_and_wrong_cluster_are_refused():
 
 
 def test_replays_are_refused_on_both_sides():
-    a, b, clock = pair(window_ms=30_000)
+    a, b, clock = pair()
     h = a.dialler_hello(2)
     b.check_dialler_hello(h)
-    with pytest.raises(HelloRefused, match="replayed") as err:
-        b.check_dialler_hello(h)  # same Hello again, within the window
-    assert err.value.code == RefusalCode.UNAUTHENTICATED
-    clock.ms += 30_001  # later: the nonce is forgotten, but the clock check refuses it
-    with pytest.raises(HelloRefused, match="clock"):
+    reply = b.acceptor_hello(h)
+    a.check_acceptor_hello(reply, h)
+    confirm = a.dialler_confirm(reply, h)
+    b.check_dialler_confirm(confirm, h, reply)
+    # An eavesdropper replays the dialler's two Hellos, now and a day later. Step 1 alone proves
+    # nothing, so it gets an answer, but with a fresh nonce the old confirmation never signed.
+    for later_ms in (0, 86_400_000):
+        clock.ms += later_ms
         b.check_dialler_hello(h)
+        fresh = b.acceptor_hello(h)
+        assert fresh.nonce != reply.nonce
+        with pytest.raises(HelloRefused, match="confirmation does not reply") as err:
+            b.check_dialler_confirm(confirm, h, fresh)
+        assert err.value.code == RefusalCode.UNAUTHENTICATED
+    # A step-1 or step-2 proof cannot stand in for a confirmation (the role is signed).
+    forged = peer_pb2.Hello()
+    forged.CopyFrom(h)
+    forged.reply_to_nonce = fresh.nonce
+    with pytest.raises(HelloRefused, match="bad proof"):
+        b.check_dialler_confirm(forged, h, fresh)
     # An acceptor's answer recorded from one handshake proves nothing in another.
     old_reply = b.acceptor_hello(h)
-    fresh = a.dialler_hello(2)
+    again = a.dialler_hello(2)
     with pytest.raises(HelloRefused, match="nonce"):
-        a.check_acceptor_hello(old_reply, fresh)
+        a.check_acceptor_hello(old_reply, again)
 
 
-def test_nonce_cache_is_bounded_and_forgets_expired_nonces():
-    c = NonceCache(max_entries=3)
-    for k in range(3):
-        c.check_and_add(b"%d" % k, expires_ms=100 + k, now_ms=50)
-    with pytest.raises(HelloRefused) as err:
-        c.check_and_add(b"x", expires_ms=200, now_ms=60)  # full of live nonces: refuse, never evict
-    assert err.value.code == RefusalCode.RESOURCE_EXHAUSTED
-    c.check_and_add(b"x", expires_ms=200, now_ms=102)  # two expired and were dropped
-    assert len(c) == 2
-    with pytest.raises(HelloRefused, match="replayed"):
-        c.check_and_add(b"x", expires_ms=300, now_ms=150)
+def test_a_node_back_with_another_incarnation_is_refused_on_both_sides():
+    seen: dict = {}
+
+    def book(node_id, inc):
+        if seen.setdefault(node_id, inc) != inc:
+            raise HelloRefused(RefusalCode.FAILED_PRECONDITION, f"node {node_id} came back")
+    a = PeerAuthenticator(1, CLUSTER, SECRET, known_node=lambda n: n == 2, check_incarnation=book)
+    old2 = PeerAuthenticator(2, CLUSTER, SECRET, known_node=lambda n: n == 1)
+    h = old2.dialler_hello(1)
+    a.check_dialler_hello(h)
+    reply = a.acceptor_hello(h)
+    a.check_dialler_confirm(old2.dialler_confirm(reply, h), h, reply)
+    new2 = PeerAuthenticator(2, CLUSTER, SECRET, known_node=lambda n: n == 1)  # a wiped disk: a new draw
+    h = new2.dialler_hello(1)
+    a.check_dialler_hello(h)
+    reply = a.acceptor_hello(h)
+    with pytest.raises(HelloRefused, match="came back"):
+        a.check_dialler_confirm(new2.dialler_confirm(reply, h), h, reply)
+    mine = a.dialler_hello(2)
+    with pytest.raises(HelloRefused, match="came back"):
+        a.check_acceptor_hello(new2.acceptor_hello(mine), mine)
 
 
 # ------------------------------------------------------------------ batches over real streams
@@ -325,6 +371,16 @@ async def raw_stream(port, hello_env_bytes=None, hello=None):
     return channel, call
 
 
+async def handshake(port, auth, peer=1):
+    """A raw stream that went through all three Hellos as `auth`'s node: (channel, call, answer)."""
+    mine = auth.dialler_hello(peer)
+    channel, call = await raw_stream(port, hello=mine)
+    answer = (await call.read()).hello
+    auth.check_acceptor_hello(answer, mine)
+    await call.write(peer_pb2.PeerEnvelope(hello=auth.dialler_confirm(answer, mine)).SerializeToString())
+    return channel, call, answer
+
+
 async def expect_refused(call, code):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         while True:
@@ -343,19 +399,27 @@ def test_a_replayed_hello_is_refused(run):
     async def main():
         ts, recs, auth2 = await lone_node()
         try:
-            # What an eavesdropper captures: node 2's Hello to node 1, byte for byte.
-            captured = peer_pb2.PeerEnvelope(hello=auth2.dialler_hello(1)).SerializeToString()
-            ch1, call1 = await raw_stream(ts[1].port, captured)
-            answer = await call1.read()
-            assert answer.hello.node_id == 1  # the original handshake went through
-            ch2, call2 = await raw_stream(ts[1].port, captured)
+            # What an eavesdropper captures: node 2's two Hellos to node 1, byte for byte.
+            first = auth2.dialler_hello(1)
+            ch1, call1 = await raw_stream(ts[1].port, hello=first)
+            answer = (await call1.read()).hello
+            assert answer.node_id == 1
+            confirm = auth2.dialler_confirm(answer, first)
+            await call1.write(peer_pb2.PeerEnvelope(hello=confirm).SerializeToString())
+            await call1.write(raft_frame(Message(type=MT.HEARTBEAT, to=1, frm=2, term=49)))
+            await wait_until(lambda: recs[1].messages(2), 5, "the original handshake went through")
+            # Replayed on a new stream: node 1 answers with a fresh nonce the old confirmation never signed.
+            ch2, call2 = await raw_stream(ts[1].port, hello=first)
+            assert (await call2.read()).hello.nonce != answer.nonce
+            await call2.write(peer_pb2.PeerEnvelope(hello=confirm).SerializeToString())
             await call2.write(raft_frame(Message(type=MT.VOTE, to=1, frm=2, term=50, index=9)))
             await expect_refused(call2, grpc.StatusCode.UNAUTHENTICATED)
-            # A Hello from too long ago (the nonce cache has forgotten it) is refused by the clock.
-            old = PeerAuthenticator(2, CLUSTER, SECRET, known_node=lambda n: True,
-                                    clock_ms=lambda: time.time_ns() // 1_000_000 - 60_000)
-            ch3, call3 = await raw_stream(ts[1].port, hello=old.dialler_hello(1))
-            await expect_refused(call3, grpc.StatusCode.UNAUTHENTICATED)
+            # A node whose clock is a minute behind ours is no replayer: it connects (main refused it).
+            late = PeerAuthenticator(2, CLUSTER, SECRET, known_node=lambda n: True,
+                                     clock_ms=lambda: time.time_ns() // 1_000_000 - 60_000)
+            ch3, call3, _ = await handshake(ts[1].port, late)
+            await call3.write(raft_frame(Message(type=MT.HEARTBEAT, to=1, frm=2, term=51)))
+            await wait_until(lambda: any(m.term == 51 for _, m in recs[1].messages(2)), 5, "the late clock's frame")
             # An unknown node id, even holding the secret.
             nine = PeerAuthenticator(9, CLUSTER, SECRET, known_node=lambda n: True)
             ch4, call4 = await raw_stream(ts[1].port, hello=nine.dialler_hello(1))
@@ -363,8 +427,8 @@ def test_a_replayed_hello_is_refused(run):
             # No Hello at all: raft frames first are refused.
             ch5, call5 = await raw_stream(ts[1].port, raft_frame(Message(type=MT.VOTE, to=1, frm=2, term=50)))
             await expect_refused(call5, grpc.StatusCode.FAILED_PRECONDITION)
-            assert all(m.term != 50 for m in recs[1].messages())
-            assert ts[1].stats.inbound.hellos_refused == 4
+            assert all(m.term != 50 for _, m in recs[1].messages())
+            assert ts[1].stats.inbound.hellos_refused == 3
             for ch in (ch1, ch2, ch3, ch4, ch5):
                 await ch.close()
         finally:
@@ -377,8 +441,8 @@ def test_bad_frames_from_an_authenticated_peer(run):
         ts, recs, auth2 = await lone_node()
         t1 = ts[1]
         try:
-            ch, call = await raw_stream(t1.port, hello=auth2.dialler_hello(1))
-            assert (await call.read()).hello.node_id == 1
+            ch, call, answer = await handshake(t1.port, auth2)
+            assert answer.node_id == 1
             good = Message(type=MT.HEARTBEAT, to=1, frm=2, term=4)
             # An undecodable message is dropped and counted; the rest of the batch and stream live on.
             await call.write(raft_frame(b"\x01\x03garbage", good))
@@ -391,14 +455,12 @@ def test_bad_frames_from_an_authenticated_peer(run):
             for frame in (raft_frame(Message(type=MT.HUP, to=1, frm=2)),
                           peer_pb2.PeerEnvelope(raft=peer_pb2.RaftBatch()).SerializeToString(),
                           peer_pb2.PeerEnvelope(hello=auth2.dialler_hello(1)).SerializeToString()):
-                ch2, call2 = await raw_stream(t1.port, hello=auth2.dialler_hello(1))
-                assert (await call2.read()).HasField("hello")
+                ch2, call2, _ = await handshake(t1.port, auth2)
                 await call2.write(frame)
                 await expect_refused(call2, grpc.StatusCode.INVALID_ARGUMENT)
                 await ch2.close()
             # Bytes that are not a PeerEnvelope at all, after the Hello and instead of it.
-            ch3, call3 = await raw_stream(t1.port, hello=auth2.dialler_hello(1))
-            assert (await call3.read()).HasField("hello")
+            ch3, call3, _ = await handshake(t1.port, auth2)
             await call3.write(b"\xff\xff\xff\xff")
             await expect_refused(call3, grpc.StatusCode.INVALID_ARGUMENT)
             ch4, call4 = await raw_stream(t1.port, b"\xff\xff\xff\xff")
@@ -417,12 +479,10 @@ def test_a_newer_stream_from_a_node_supersedes_the_older(run):
         ts, recs, auth2 = await lone_node()
         try:
             hb = lambda term: raft_frame(Message(type=MT.HEARTBEAT, to=1, frm=2, term=term))
-            ch_a, a = await raw_stream(ts[1].port, hello=auth2.dialler_hello(1))
-            assert (await a.read()).HasField("hello")
+            ch_a, a, _ = await handshake(ts[1].port, auth2)
             await a.write(hb(1))
             await wait_until(lambda: len(recs[1].got) == 1, 5, "first stream's batch")
-            ch_b, b = await raw_stream(ts[1].port, hello=auth2.dialler_hello(1))
-            assert (await b.read()).HasField("hello")
+            ch_b, b, _ = await handshake(ts[1].port, auth2)
             # The old stream is ended by the node, so nothing it carries lands after the new one's.
             await expect_refused(a, grpc.StatusCode.ABORTED)
             await b.write(hb(2))
@@ -443,8 +503,8 @@ def test_an_oversized_envelope_is_refused_by_the_receiver(run):
     async def main():
         ts, recs, auth2 = await lone_node(small)
         try:
-            ch, call = await raw_stream(ts[1].port, hello=auth2.dialler_hello(1))
-            assert (await call.read()).hello.max_envelope_bytes == 2 << 20  # announced to the dialler
+            ch, call, answer = await handshake(ts[1].port, auth2)
+            assert answer.max_envelope_bytes == 2 << 20  # announced to the dialler
             await call.write(raft_frame(app(2, 1, 5, b"z" * (3 << 20))))
             await expect_refused(call, grpc.StatusCode.RESOURCE_EXHAUSTED)
             assert not recs[1].messages(2) or all(m.index != 4 for _, m in recs[1].messages(2))
@@ -466,8 +526,9 @@ class _Impostor(peer_pb2_grpc.PeerServicer):
             if env.HasField("hello"):
                 h = env.hello
                 yield peer_pb2.PeerEnvelope(hello=peer_pb2.Hello(
-                    protocol_version=1, cluster_id=h.cluster_id, node_id=h.peer_node_id, peer_node_id=h.node_id,
-                    unix_ms=h.unix_ms, nonce=os.urandom(32), reply_to_nonce=h.nonce, proof=os.urandom(32)))
+                    protocol_version=peer_auth.PROTOCOL_VERSION, cluster_id=h.cluster_id, node_id=h.peer_node_id, peer_node_id=h.node_id,
+                    unix_ms=h.unix_ms, nonce=os.urandom(32), reply_to_nonce=h.nonce, proof=os.urandom(32),
+                    incarnation=os.urandom(16)))
 
 
 def test_an_impostor_acceptor_gets_no_raft_traffic(run, caplog):

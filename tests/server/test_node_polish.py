@@ -274,3 +274,18 @@ def test_one_name_for_the_secret_variable_with_the_old_one_as_a_fallback(caplog)
     # A caller naming its own variable gets no fallback.
     with pytest.raises(peer_auth.SecretError):
         peer_auth.load_secret(env_var="X_OTHER", environ={"XRAFT_PEER_SECRET": old})
+
+
+def test_requirepass_needs_a_grpc_token(tmp_path):
+    from xraft.node.server.config import ConfigError, parse_args
+    base = ["--id", "1", "--cluster-id", "c", "--data-dir", str(tmp_path / "d"), "--grpc", "127.0.0.1:7001",
+            "--resp", "127.0.0.1:6001", "--peers", "1=127.0.0.1:7001"]
+    with pytest.raises(ConfigError, match="--requirepass protects RESP only.*--token-file"):
+        parse_args(base + ["--requirepass", "pw"])
+    toml = tmp_path / "node.toml"
+    toml.write_text('requirepass = "pw"\n')  # the same rule through a config file
+    with pytest.raises(ConfigError, match="--token-file"):
+        parse_args(base + ["--config", str(toml)])
+    cfg = parse_args(base + ["--requirepass", "pw", "--token-file", str(tmp_path / "t")])
+    assert (cfg.requirepass, cfg.initial_cluster_state) == ("pw", "existing")
+    assert parse_args(base + ["--initial-cluster-state", "new"]).initial_cluster_state == "new"
