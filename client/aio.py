@@ -16,7 +16,9 @@ request id the server deduplicates (`request_ids=True`, the default): the
 server's at-most-once table answers a retry of an applied request with its
 first result. Without request ids the SDK raises UnknownOutcomeError and
 never resends. Two UNKNOWN_OUTCOME answers are final and raised at once,
-never retried (a resend would get the same answer): StaleRequestError (the
+never retried (a resend would get the same answer): SessionExpiredError
+(the server's session for this client id expired; resent transparently under
+a new id only when no earlier attempt may have applied), StaleRequestError (the
 request id fell out of the window; the server cannot tell) and
 ReplyNotKeptError (applied, reply too large to keep). WriteDeadlineError
 (the deadline passed after sending) is final too.
@@ -52,8 +54,8 @@ from xraft.proto.v1 import client_pb2 as pb
 from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 
 from .commands import Commands
-from .errors import (DeadlineExceededError, NotLeaderError, ReplyNotKeptError, StaleRequestError, UnavailableError,
-                     UnknownOutcomeError, WriteDeadlineError, XRaftError, detail_of, from_rpc_error)
+from .errors import (DeadlineExceededError, NotLeaderError, ReplyNotKeptError, SessionExpiredError, StaleRequestError,
+                     UnavailableError, UnknownOutcomeError, WriteDeadlineError, XRaftError, detail_of, from_rpc_error)
 from .types import StreamEntry, StreamID, to_bytes
 
 REQUEST_ID_KEY = "xraft-request-id"       # metadata: "<client_id>:<seq>" (the server dedups on it)
@@ -62,6 +64,7 @@ MAX_TRACKED_WRITES = DEDUP_WINDOW // 4     # seq span of id-carrying writes in f
 MAX_ACKS_IN_FLIGHT = 1024                  # unconfirmed acks per consumer session before ack() waits
 MAX_MESSAGE_BYTES = 16 << 20               # the server's gRPC message limit (client.proto)
 MAX_REDIRECTS = 8                          # NOT_LEADER hops per attempt before backing off
+MAX_REGISTER_TRIES = 5                     # XRAFT.REGISTER attempts with an unknown outcome
 
 
 @dataclass
@@ -126,7 +129,11 @@ class Client(Commands):
         self._leader: str | None = None
         self._seed_index = 0
         # Request ids: a random client id (the server's session key) and a counter.
+        # The session is registered (XRAFT.REGISTER) before the first write that
+        # carries the id, and replaced by a new id when the server says it expired.
         self.client_id = secrets.randbits(63) or 1
+        self._registered = 0               # the client id whose registration succeeded
+        self._registering = None           # an asyncio.Lock, made on first use in the loop
         self._window = _SeqWindow(MAX_TRACKED_WRITES)
         self._in_flight = None             # a semaphore, made on first use inside the running loop
         self._closed = False
@@ -208,6 +215,7 @@ class Client(Commands):
         self._limits()
         async with self._in_flight:
             if write and self._request_ids:
+                await self._session(timeout)
                 seq = await self._window.acquire()
                 try:
                     return await self._attempts(rpc, request, write, timeout, seq)
@@ -225,6 +233,7 @@ class Client(Commands):
         attempt = redirects = 0
         last: XRaftError | None = None
         uncertain = False                  # some attempt may have been applied
+        renewed = False                    # resent once under a new session already
         while True:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
@@ -239,6 +248,13 @@ class Client(Commands):
             except grpc.aio.AioRpcError as e:
                 err = from_rpc_error(e, write=write)
             last = err
+            if isinstance(err, SessionExpiredError) and rid is not None and not uncertain and not renewed:
+                renewed = True
+                # No attempt of this request can have been applied (this one was
+                # refused, none before it was uncertain): resend under a new session.
+                await self._renew_session(metadata, timeout)
+                metadata = self._metadata(rid)
+                continue
             uncertain = uncertain or isinstance(err, UnknownOutcomeError)
             if isinstance(err, UnknownOutcomeError):
                 # Resending is safe only when the server dedups on the request
@@ -257,6 +273,47 @@ class Client(Commands):
             if remaining is not None:
                 delay = min(delay, max(0.0, deadline - loop.time()))
             await asyncio.sleep(delay)
+
+    # -- sessions (server: node/fsm/sessions.py) ------------------------------------------
+
+    async def _session(self, timeout) -> None:
+        """Register self.client_id with the server once (XRAFT.REGISTER is
+        idempotent, so an attempt with an unknown outcome is simply resent)."""
+        if self._registered == self.client_id:
+            return
+        if self._registering is None:
+            self._registering = asyncio.Lock()
+        async with self._registering:
+            cid = self.client_id
+            if self._registered == cid:
+                return
+            req = pb.ExecuteRequest(argv=[b"XRAFT.REGISTER", str(cid).encode()])
+            loop = asyncio.get_running_loop()
+            timeout = self.timeout if timeout is None else timeout
+            deadline = None if timeout == float("inf") else loop.time() + timeout
+            for _ in range(MAX_REGISTER_TRIES):
+                left = float("inf") if deadline is None else deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    await self._attempts("Execute", req, True, left, None)
+                    self._registered = cid
+                    return
+                except UnknownOutcomeError as e:
+                    last = e
+            # The caller's request was never sent: nothing changed.
+            raise DeadlineExceededError(f"no client session registered in time; the request was not sent ({last})")
+
+    async def _renew_session(self, old_metadata, timeout) -> None:
+        """The server expired our session: a new client id, registered (once
+        for all the calls that saw the expiry with the same old id)."""
+        if self._metadata_of_current(old_metadata):
+            self.client_id = secrets.randbits(63) or 1
+        await self._session(timeout)
+
+    def _metadata_of_current(self, metadata) -> bool:
+        prefix = f"{self.client_id}:"
+        return any(k == REQUEST_ID_KEY and v.startswith(prefix) for k, v in metadata)
 
     # -- streaming --------------------------------------------------------------------
 
@@ -318,7 +375,7 @@ class Client(Commands):
         return ConsumerSession(self, start)
 
 
-_FINAL_OUTCOMES = (WriteDeadlineError, StaleRequestError, ReplyNotKeptError)
+_FINAL_OUTCOMES = (WriteDeadlineError, StaleRequestError, ReplyNotKeptError, SessionExpiredError)
 
 
 def _channel_credentials(tls, root_certificates, client_cert, client_key, credentials, server_name_override):

@@ -196,6 +196,23 @@ class WriteDeadlineError(UnknownOutcomeError, DeadlineExceededError):
     retriable = False
 
 
+class SessionExpiredError(UnknownOutcomeError):
+    """The server has no session for this client id (it expired after the
+    server's session timeout without requests, or was never registered). This
+    attempt changed nothing; an earlier attempt of the same request may have
+    been applied, so its outcome is unknown unless this was its first
+    attempt. Final for this request id: the SDK starts a new client id."""
+    reason = "SESSION_EXPIRED"
+    retriable = False
+
+
+class SessionsFullError(XRaftError):
+    """The server's session table is full of live sessions: a new client id
+    cannot be registered yet. Nothing changed; retriable."""
+    reason = "SESSIONS_FULL"
+    retriable = True
+
+
 class UnknownError(XRaftError):
     """A reason this client does not know (a newer server), or a bare gRPC
     failure with no detail. `retriable` is whatever the server said."""
@@ -207,7 +224,7 @@ REASONS: dict[str, type[XRaftError]] = {cls.reason: cls for cls in (
     CommandError, WrongTypeError, NoGroupError, BusyGroupError, ExecAbortError, NoScriptError, NoProtoError,
     UnblockedError, OutOfMemoryError, NoAuthError, WrongPassError, NoPermError, MovedError, AskError,
     CrossSlotError, TryAgainError, ClusterDownError, BusyError, LoadingError, NotLeaderError,
-    UnknownOutcomeError, DeadlineExceededError, UnavailableError,
+    UnknownOutcomeError, DeadlineExceededError, UnavailableError, SessionExpiredError, SessionsFullError,
 )}
 
 

@@ -5,7 +5,8 @@
     blocking.py       blocking forms, their non-blocking forms and reply translation
     state_machine.py  StateMachine: apply / read / snapshot / restore
     xadd_batch.py     XADD_BATCH requests: N XADDs to one key, applied as one MULTI of them
-    sessions.py       the at-most-once table (request id -> result)
+    sessions.py       client sessions (registered, expired by replicated time) and the
+                      at-most-once table (request id -> result)
     results.py        binary form of results (for the at-most-once table)
     config_set.py     CONFIG SET of the engine limits, redis 7.0's parsing and texts
     errors.py         typed errors

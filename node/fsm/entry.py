@@ -42,13 +42,19 @@ Field invariants (decode checks every one; encode refuses to write a violation):
                stamped clock, monotonic over the log (resolve.TimeStamper)
     nreq       1 <= nreq <= MAX_REQUESTS
     client_id  0 = anonymous (no at-most-once record); otherwise the client's id
-    seq        == 0 iff client_id == 0; a client's request number otherwise
+    seq        == 0 iff client_id == 0 (REGISTER: client_id > 0, seq == 0); a
+               client's request number otherwise
     kind       COMMAND: ncmd == 1
                MULTI:   0 <= ncmd <= MAX_TXN_COMMANDS (EXEC of an empty MULTI is legal)
                CONFIG:  ncmd == 1, argv[0] is CONFIG and argv[1] is SET (any case)
                NOOP:    ncmd == 0 and anonymous
                XADD_BATCH: 1 <= ncmd <= MAX_TXN_COMMANDS entries (kind 5: added
                         within version 1, which no record before it used)
+               REGISTER: ncmd == 0, client_id > 0, seq == 0: open (or refresh)
+                        the client's session (sessions.py). Kind 6, added within
+                        version 1 the same way: a node without it refuses the
+                        record (CorruptEntry), so upgrade every node before
+                        clients register.
     argc       1 <= argc <= MAX_ARGC (an empty argv is no command)
     len        <= MAX_ARG_BYTES (redis proto-max-bulk-len)
     opts       bits NOMKSTREAM 0x01, MAXLEN 0x02, MINID 0x04, APPROX 0x08 ("~"),
@@ -122,6 +128,7 @@ class Kind(enum.IntEnum):
     CONFIG = 3      # CONFIG SET of engine limits (stream/list node sizes)
     NOOP = 4        # nothing; advances the applied index and the time
     XADD_BATCH = 5  # N XADDs to one key with the same options (XAddBatch), as one MULTI
+    REGISTER = 6    # open or refresh the session of client_id (sessions.py)
 
 
 class IdKind(enum.IntEnum):
@@ -252,6 +259,10 @@ class Request:
         return cls(0, 0, Kind.NOOP, ())
 
     @classmethod
+    def register(cls, client_id: int) -> "Request":
+        return cls(client_id, 0, Kind.REGISTER, ())
+
+    @classmethod
     def xadd_batch(cls, client_id: int, seq: int, batch: XAddBatch) -> "Request":
         return cls(client_id, seq, Kind.XADD_BATCH, (), batch)
 
@@ -274,6 +285,10 @@ def _shape_error(req: Request):
         return "unknown kind %r" % (req.kind,)
     if not (0 <= req.client_id <= MAX_U64 and 0 <= req.seq <= MAX_U64):
         return "request id out of range"
+    if req.kind == Kind.REGISTER:
+        if req.client_id == 0 or req.seq != 0 or req.commands or req.xadd is not None:
+            return "REGISTER carries a client_id, seq 0 and nothing else"
+        return None
     if (req.client_id == 0) != (req.seq == 0):
         return "seq must be 0 exactly when client_id is 0"
     n = len(req.commands)

@@ -7,7 +7,7 @@ Two families, and the difference matters:
   command. They are raised, and nothing was changed.
 
 * Results (`EngineError` subclasses: `ExecAbort`, `BlockingFormInLog`,
-  `StaleRequest`, `EntryTooLarge`): a command's deterministic outcome. Every
+  `StaleRequest`, `SessionExpired`, `SessionsFull`, `EntryTooLarge`): a command's deterministic outcome. Every
   replica computes the same one from the same log, so it is returned as the
   command's reply (the client sees it), never raised out of `apply` — raising
   on a committed entry would stop every replica on the same index forever.
@@ -70,6 +70,30 @@ class StaleRequest(CommandError):
     def __init__(self, client_id: int, seq: int):
         super().__init__("ERR xraft: request %d of client %d is too old to tell whether it "
                          "was applied" % (seq, client_id))
+
+
+SESSION_EXPIRED_CODE = "SESSIONEXPIRED"    # server/wire_errors.py rows (RESP prefixes)
+SESSIONS_FULL_CODE = "SESSIONSFULL"
+
+
+class SessionExpired(EngineError):
+    """A request whose client id has no session (sessions.py): it expired
+    after session_timeout_ms of replicated time without activity, or was never
+    registered. Nothing was applied by this attempt; whether an earlier
+    attempt of the same request was applied can no longer be told."""
+
+    def __init__(self, client_id: int, seq: int):
+        super().__init__("%s request %d of client %d: the client's session expired or was never "
+                         "registered; register a new client id" % (SESSION_EXPIRED_CODE, seq, client_id))
+
+
+class SessionsFull(EngineError):
+    """REGISTER of a new client id while max_clients sessions are open and none
+    has been idle past the timeout. Nothing changed; retry later."""
+
+    def __init__(self, max_clients: int):
+        super().__init__("%s xraft: %d client sessions are open (the limit); retry later"
+                         % (SESSIONS_FULL_CODE, max_clients))
 
 
 class EntryTooLarge(CommandError):

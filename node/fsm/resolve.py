@@ -2,9 +2,11 @@
 
 The leader does three things here, and the fsm itself none of them:
 
-1. Time. `TimeStamper.stamp(clock_ms)` turns the leader's clock (passed in:
-   the fsm never reads a clock) into the record's `now_ms`, never below the
-   largest `now_ms` already proposed or applied. A new leader whose clock is
+1. Time. `TimeStamper.stamp(clock_ms, mono_ms)` turns the leader's clock
+   (passed in: the fsm never reads a clock) into the record's `now_ms`, never
+   below the largest `now_ms` already proposed or applied, and never more
+   than MAX_CLOCK_LEAD_MS ahead of what its monotonic clock says since the
+   last trusted reading (a wall clock that jumps ahead is not followed). A new leader whose clock is
    behind its predecessor's thus still stamps increasing times, so XADD `*`
    IDs keep their ms part and consumer idle times never go negative. The
    leader must `observe` every record in its log, not only the applied ones:
@@ -47,31 +49,78 @@ needs from the leader's clock is in the record.
 from dataclasses import dataclass
 
 from ..engine.commands import lookup
-from ..engine.errors import EngineError, wrong_arity
+from ..engine.errors import CommandError, EngineError, wrong_arity
 from ..invariant import invariant
 from .blocking import BlockingPlan, plan_blocking
 from .config_set import parse_config_set
-from .entry import MAX_NOW_MS, Kind, Request, XAddBatch, encode_record, peek_now_ms, request_size
+from .entry import MAX_NOW_MS, MAX_U64, Kind, Request, XAddBatch, encode_record, peek_now_ms, request_size
 from .errors import ExecAbort, NotAWrite
 
 
-class TimeStamper:
-    """The leader's monotonic `now_ms`. Not replicated: each node keeps its own
-    and seeds it, on becoming leader, with the largest time in its log."""
+MAX_CLOCK_LEAD_MS = 1_000     # how far a stamp may run ahead of the node's monotonic estimate
 
-    def __init__(self, floor_ms: int = 0):
+
+class TimeStamper:
+    """The leader's `now_ms`: monotonic, and bounded against clock jumps.
+    Not replicated: each node keeps its own, seeded on becoming leader with
+    the largest time in its log.
+
+    Bound (the rule, also in docs/architecture.md "Replicated time"): the
+    stamper keeps `offset`, the largest (wall - monotonic) difference it
+    trusts, and never stamps beyond
+
+        limit = offset + monotonic_now + max_lead_ms
+
+    A wall reading within the limit is trusted (offset follows it: slow
+    drift and small NTP steps pass); one beyond it is a forward jump of this
+    node's wall clock, and the stamp is the limit instead. So a leader whose
+    clock jumps ahead by an hour moves replicated time at the speed of its
+    monotonic clock, not an hour at once; the stamp never goes below the
+    floor either (time never runs backwards). Sources of trust:
+      * the node's own clock when it started (`anchor`); the peer handshake
+        (runtime/peer_auth.py) refuses peers whose clocks are off by more
+        than its window, so a node that starts with a skewed clock does not
+        join the group in the first place;
+      * the times of records other leaders stamped (`observe` with the
+        monotonic time they were applied here): if the group's clock is
+        ahead of ours, we follow it rather than hold time back. Old records
+        (a log replayed at start) give smaller offsets and change nothing.
+    What it does not cover: a node that becomes leader with no anchor
+    (anchor() never called) trusts its wall clock, as before."""
+
+    def __init__(self, floor_ms: int = 0, max_lead_ms: int = MAX_CLOCK_LEAD_MS):
         invariant(type(floor_ms) is int and 0 <= floor_ms <= MAX_NOW_MS, "floor out of range")
+        invariant(type(max_lead_ms) is int and max_lead_ms >= 0, "max_lead_ms out of range")
         self._floor = floor_ms      # Invariant: >= every now_ms proposed or observed; never decreases
+        self.max_lead_ms = max_lead_ms
+        self._offset = None         # Invariant: None, or the largest trusted (time - monotonic ms)
+        self._own_max = 0           # Invariant: the largest now_ms this stamper returned
+        self.clamped = 0            # stamps the bound held back (INFO, tests)
 
     @property
     def floor_ms(self) -> int:
         return self._floor
 
-    def observe(self, now_ms: int) -> None:
-        """A time already in the log (applied, or appended by any leader)."""
+    def anchor(self, clock_ms: int, mono_ms: int) -> None:
+        """Trust this reading of the wall clock (the node's clock at start)."""
+        self._trust(clock_ms - mono_ms)
+
+    def _trust(self, offset: int) -> None:
+        if self._offset is None or offset > self._offset:
+            self._offset = offset
+
+    def limit(self, mono_ms: int):
+        """The largest time a stamp may take at monotonic `mono_ms` (None: no bound)."""
+        return None if self._offset is None else self._offset + mono_ms + self.max_lead_ms
+
+    def observe(self, now_ms: int, mono_ms: int | None = None) -> None:
+        """A time already in the log (applied, or appended by any leader);
+        with `mono_ms`, the monotonic time it is seen at (see the class doc)."""
         invariant(type(now_ms) is int and 0 <= now_ms <= MAX_NOW_MS, "now_ms out of range")
         if now_ms > self._floor:
             self._floor = now_ms
+        if mono_ms is not None and now_ms > self._own_max:
+            self._trust(now_ms - mono_ms)      # not one of ours: another leader's clock
 
     def observe_record(self, data: bytes) -> None:
         """observe() the stamp of an encoded record (raft's own empty entries
@@ -79,11 +128,29 @@ class TimeStamper:
         if data:
             self.observe(peek_now_ms(data))
 
-    def stamp(self, clock_ms: int) -> int:
-        """The `now_ms` for the next record: the clock, unless it is behind."""
+    def clock(self, clock_ms: int, mono_ms: int | None = None) -> int:
+        """The wall clock held to the bound, changing nothing: the time reads
+        use (idle times in XPENDING / XINFO), so a jumped clock does not
+        inflate them either."""
+        lim = None if mono_ms is None else self.limit(mono_ms)
+        return clock_ms if lim is None else min(clock_ms, lim)
+
+    def stamp(self, clock_ms: int, mono_ms: int | None = None) -> int:
+        """The `now_ms` for the next record: the clock, unless it is behind
+        the floor or (given `mono_ms`) ahead of the limit."""
         invariant(type(clock_ms) is int, "clock_ms is an int")
-        now = min(max(clock_ms, self._floor), MAX_NOW_MS)
+        t = clock_ms
+        if mono_ms is not None:
+            lim = self.limit(mono_ms)
+            if lim is None or clock_ms <= lim:
+                self._trust(clock_ms - mono_ms)
+            else:
+                t = lim
+                self.clamped += 1
+        now = min(max(t, self._floor), MAX_NOW_MS)
         self._floor = now
+        if now > self._own_max:
+            self._own_max = now
         return now
 
 
@@ -93,12 +160,29 @@ class Resolved:
     plan: BlockingPlan | None       # set when the client sent a blocking form
 
 
+REGISTER_COMMAND = b"xraft.register"     # XRAFT.REGISTER <client id>: open a session (sessions.py)
+
+
+def resolve_register(argv) -> Request:
+    """XRAFT.REGISTER <client id>: the REGISTER request for that id (1..2**64-1)."""
+    if len(argv) != 2:
+        raise wrong_arity("xraft.register")
+    raw = bytes(argv[1])
+    cid = int(raw) if raw.isdigit() and len(raw) <= 20 else 0
+    if not 0 < cid <= MAX_U64:
+        raise CommandError("ERR xraft: client id must be an integer in 1..%d" % MAX_U64)
+    return Request.register(cid)
+
+
 def resolve_command(client_id: int, seq: int, argv) -> Resolved:
     """The request to propose for one client command (outside MULTI).
 
     Raises the engine's EngineError (unknown command, arity, a blocking form's
     bad timeout ...), NotAWrite for a read, EntryTooLarge for oversize."""
     argv = tuple(map(bytes, argv))
+    if argv and argv[0].lower() == REGISTER_COMMAND:
+        # Not an engine command: a session of the at-most-once table, through the log.
+        return Resolved(resolve_register(argv), None)
     queue_check(argv)                         # the same checks, CONFIG SET's arity included
     if is_config_set(argv):
         return Resolved(resolve_config_set(client_id, seq, argv), None)

@@ -2,15 +2,18 @@
 
     StateMachine
     +-- keyspace         engine Keyspace (data + EngineConfig): the replicated data
-    +-- sessions         at-most-once table (sessions.py): replicated, in snapshots
+    +-- sessions         client sessions and the at-most-once table (sessions.py):
+                         replicated, in snapshots; expired by replicated time
     +-- applied_index    last log index applied. Invariant: advances by exactly 1 per apply/skip
     +-- last_now_ms      largest time applied. Invariant: never decreases
     +-- last_ready_keys  keys signalled ready by the last apply (for the server to
                          wake blocked clients); local, not in snapshots
 
 Determinism: apply reads nothing but (state, record). The time is the
-record's stamp, clamped to last_now_ms; no clock, no randomness, no iteration
-over unordered containers reaches the state. Two replicas that apply the same
+record's stamp, clamped to last_now_ms (the leader bounds how far ahead it
+stamps: resolve.TimeStamper); no clock, no randomness, no iteration over
+unordered containers reaches the state. Sessions expire at the start of a
+record, by that record's time: at the same log position on every replica. Two replicas that apply the same
 records from the same snapshot hold byte-identical snapshots.
 
 Errors are results. A command that fails returns its EngineError as its
@@ -29,6 +32,9 @@ Snapshot layout (big-endian):
       applied <= 2**63-1; now_ms <= 2**63-1; both lengths exactly fit the bytes
       that follow; restore checks the CRC first, then every field, then builds
       the whole new state before replacing the old one (all or nothing).
+      ver 2: sessions in their version 2 form (with session times). ver 1 (before
+      sessions expired) still restores: its sessions count as active at now_ms.
+      A node that only knows ver 1 refuses a ver 2 snapshot by its version.
 """
 import dataclasses
 import struct
@@ -47,12 +53,14 @@ from .config_set import apply_config_set
 from .entry import MAX_NOW_MS, Kind, decode_record
 from .errors import BlockingFormInLog, CorruptSnapshot, ExecAbort, NotARead
 from .resolve import is_config_set, queue_check
+from .sessions import MAGIC as SESSIONS_MAGIC
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
-                       CorruptSessions, Sessions)
+                       DEFAULT_SESSION_TIMEOUT_MS, CorruptSessions, Sessions)
 from .xadd_batch import apply_xadd_batch
 
 SNAP_MAGIC = b"XFSM"
-SNAP_VERSION = 1
+SNAP_VERSION = 2
+_SNAP_VERSIONS = (1, 2)                    # restorable; 1 = sessions without times
 MAX_INDEX = (1 << 63) - 1
 
 _SNAP_HEAD = struct.Struct(">4sHQQI")      # magic, version, applied, now_ms, sess_len
@@ -69,12 +77,13 @@ class StateMachine:
     def __init__(self, config: EngineConfig | None = None, *,
                  max_clients: int = DEFAULT_MAX_CLIENTS,
                  results_per_client: int = DEFAULT_RESULTS_PER_CLIENT,
-                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES):
+                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+                 session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS):
         # The initial config is part of the initial state: every replica must
         # start from the same one. Copied, so the caller's object is not shared.
         config = dataclasses.replace(config) if config is not None else EngineConfig()
         self.keyspace = Keyspace(config=config)
-        self.sessions = Sessions(max_clients, results_per_client, max_result_bytes)
+        self.sessions = Sessions(max_clients, results_per_client, max_result_bytes, session_timeout_ms)
         self.applied_index = 0
         self.last_now_ms = 0
         self.last_ready_keys = frozenset()
@@ -101,6 +110,7 @@ class StateMachine:
         record = decode_record(data)              # raises before anything changes
         self.keyspace.pop_ready_keys()            # leftovers are not this entry's
         now = max(record.now_ms, self.last_now_ms)
+        self.sessions.expire(now)                 # by replicated time, before this record's requests
         results = [self._apply_request(req, now, want_results) for req in record.requests]
         self.last_now_ms = now
         self.applied_index = entry_index
@@ -123,8 +133,11 @@ class StateMachine:
         return []
 
     def _apply_request(self, req, now: int, want_results: bool = True):
+        if req.kind == Kind.REGISTER:
+            err = self.sessions.register(req.client_id, now)
+            return OK if err is None else err
         if req.client_id:
-            seen, result = self.sessions.lookup(req.client_id, req.seq)
+            seen, result = self.sessions.lookup(req.client_id, req.seq, now)
             if seen:
                 return result                     # a retry: the first attempt's result
             want_results = True                   # the sessions keep it
@@ -258,15 +271,18 @@ def _parse_snapshot(buf):
     magic, version, applied, now_ms, sess_len = _SNAP_HEAD.unpack_from(buf, 0)
     if magic != SNAP_MAGIC:
         raise CorruptSnapshot("not an fsm snapshot (magic %r)" % magic)
-    if version != SNAP_VERSION:
+    if version not in _SNAP_VERSIONS:
         raise CorruptSnapshot("unsupported snapshot version %d" % version)
     if applied > MAX_INDEX or now_ms > MAX_NOW_MS:
         raise CorruptSnapshot("applied index or time out of range")
     pos = _SNAP_HEAD.size
     if sess_len > end - pos - _U64.size:
         raise CorruptSnapshot("sessions of %d bytes run past the end" % sess_len)
+    sessions_raw = buf[pos:pos + sess_len]
+    if (version >= 2) != (sessions_raw[:2] == SESSIONS_MAGIC):
+        raise CorruptSnapshot("sessions in a form that snapshot version %d does not hold" % version)
     try:
-        sessions = Sessions.decode(buf[pos:pos + sess_len])
+        sessions = Sessions.decode(sessions_raw, now_ms)
     except CorruptSessions as e:
         raise CorruptSnapshot("sessions: %s" % e) from None
     pos += sess_len

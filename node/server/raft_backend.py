@@ -51,6 +51,9 @@ StateMachine.last_now_ms is the largest time in the log below our own
 proposals, and the stamper is seeded with it (observe). Writes arriving in
 that window (one heartbeat round in practice) wait for it, bounded by
 leader_ready_timeout_s, instead of being redirected to ourselves.
+Stamps (and the time reads use) are also held to the stamper's bound against
+wall-clock jumps: anchored at start, fed every applied record's time with the
+monotonic time it was applied here (FsmAdapter on_time), read with `mono_clock`.
 
 Reads. Linearizable: ReadIndex on the leader (the driver batches every read
 queued in one iteration into one round), then StateMachine.read. A follower
@@ -113,9 +116,11 @@ class FsmAdapter:
     # apply() takes want_results (the driver passes False when no caller waits).
     results_optional = True
 
-    def __init__(self, sm: StateMachine, on_applied: Callable[[frozenset], None]):
+    def __init__(self, sm: StateMachine, on_applied: Callable[[frozenset], None],
+                 on_time: Optional[Callable[[int], None]] = None):
         self.sm = sm
         self._on_applied = on_applied
+        self._on_time = on_time            # the applied time, after every record (TimeStamper.observe)
         # Set by RaftBackend.attach(): the first restore runs in GroupDriver.open's
         # executor thread, where no listener may be called (and none is waiting yet).
         self.on_restored: Optional[Callable[[], None]] = None
@@ -132,6 +137,8 @@ class FsmAdapter:
         while sm.applied_index < index - 1:
             sm.skip(sm.applied_index + 1)
         results = sm.apply(index, data, want_results)
+        if self._on_time is not None and data:
+            self._on_time(sm.last_now_ms)
         ready = sm.last_ready_keys
         if ready:
             self._on_applied(ready)
@@ -170,6 +177,7 @@ class RaftBackend(Backend):
 
     def __init__(self, raft_id: int, addresses: dict, *, config: Optional[EngineConfig] = None,
                  clock: Optional[Callable[[], int]] = None,
+                 mono_clock: Optional[Callable[[], int]] = None,
                  propose_timeout_s: float = 10.0, read_timeout_s: float = 5.0,
                  leader_ready_timeout_s: float = 5.0, warm_up_retry_s: float = 0.05,
                  leader_settle_s: float = 2.0, max_pending_requests: int = 100_000,
@@ -178,10 +186,13 @@ class RaftBackend(Backend):
         self.raft_id = raft_id
         self.addresses: dict[int, NodeAddresses] = dict(addresses)
         self.sm = StateMachine(config)
-        self.machine = FsmAdapter(self.sm, self._on_ready_keys)
-        self.stamper = TimeStamper()
+        self.machine = FsmAdapter(self.sm, self._on_ready_keys, self._on_applied_time)
         self.driver: Optional[drv.GroupDriver] = None
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
+        # Monotonic ms: bounds how far a jumping wall clock moves stamps (resolve.TimeStamper).
+        self._mono = mono_clock or (lambda: time.monotonic_ns() // 1_000_000)
+        self.stamper = TimeStamper()
+        self.stamper.anchor(self._clock(), self._mono())
         own = self.addresses[raft_id].resp
         self.node_id = cluster_node_id(own) if own else ""
         self.propose_timeout_s = propose_timeout_s
@@ -423,6 +434,9 @@ class RaftBackend(Backend):
     def now_ms(self) -> int:
         return self._clock()
 
+    def _on_applied_time(self, now_ms: int) -> None:
+        self.stamper.observe(now_ms, self._mono())
+
     def is_leader(self) -> bool:
         r = self._core()
         return r is not None and r.state == StateRole.LEADER and self.driver.failed is None
@@ -518,7 +532,7 @@ class RaftBackend(Backend):
                 if not self.is_leader():
                     raise self._not_leader() from None
                 raise Unavailable("read not confirmed: %s" % getattr(exc, "reason", exc)) from None
-        return self.sm.read(argv, self.now_ms())
+        return self.sm.read(argv, self.stamper.clock(self.now_ms(), self._mono()))
 
     # -- writes ----------------------------------------------------------------------------
     async def submit(self, requests: Sequence) -> list:
@@ -621,7 +635,7 @@ class RaftBackend(Backend):
         requests = [r for reqs, _, _ in group for r in reqs]
         # Stamped now, in flush order, and queued in the driver right here: the driver's
         # queue (and the log) gets records in stamp order.
-        data = encode_record(self.stamper.stamp(self.now_ms()), requests)
+        data = encode_record(self.stamper.stamp(self.now_ms(), self._mono()), requests)
         self.records += 1
         self.requests += len(requests)
         self.max_batch = max(self.max_batch, len(requests))

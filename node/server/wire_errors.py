@@ -56,6 +56,13 @@ _ROWS = (
     # Raft: the write was proposed but its fate is unknown (leadership lost,
     # deadline passed after proposing). Retrying blindly may apply it twice.
     WireError("UNKNOWNOUTCOME", "UNKNOWN", "UNKNOWN_OUTCOME", False),
+    # Sessions (fsm/sessions.py): the client id has no session (expired after
+    # its timeout of replicated time, or never registered). The attempt changed
+    # nothing, but an earlier attempt of the same request may have been applied:
+    # not retriable with this id; the client registers a new one.
+    WireError("SESSIONEXPIRED", "FAILED_PRECONDITION", "SESSION_EXPIRED", False),
+    # Sessions: the table is full of live sessions; a registration may succeed later.
+    WireError("SESSIONSFULL", "RESOURCE_EXHAUSTED", "SESSIONS_FULL", True),
     # Raft: the request timed out before it was proposed: nothing happened.
     WireError("TIMEOUT", "DEADLINE_EXCEEDED", "TIMEOUT", True),
     # Raft: no leader / no quorum / shutting down: nothing happened.

@@ -150,6 +150,7 @@ def test_request_id_dedups_a_resent_write():
         async with serving() as (addr, backend, _):
             async with grpc.aio.insecure_channel(addr) as ch:
                 stub = pb_grpc.XRaftStub(ch)
+                await stub.Execute(pb.ExecuteRequest(argv=[b"XRAFT.REGISTER", b"77"]), timeout=5)   # the session
                 md = (("xraft-request-id", "77:1"),)
                 req = pb.XAddRequest(key=b"s", entries=[pb.XAddEntry(fields=_fields(a="1"))] * 3)
                 first = await stub.XAdd(req, metadata=md, timeout=5)

@@ -139,12 +139,12 @@ class _HoldsFirst(LocalBackend):
                 await self.enough.wait()
                 raise UnknownOutcome()
         elif self.held:
-            self.seen_while_held += [r.seq for r in requests if r.client_id]
+            self.seen_while_held += [r.seq for r in requests if r.seq]      # (REGISTER: seq 0)
         results = await super().submit(requests)
         if mine:
             self.held = False
         else:
-            self.applied += sum(1 for r in requests if r.client_id)
+            self.applied += sum(1 for r in requests if r.seq)
             if self.applied >= self.others:
                 self.enough.set()
         return results
@@ -174,7 +174,7 @@ class _KeepsNoReply(LocalBackend):
 
     async def submit(self, requests):
         results = await super().submit(requests)
-        if any(r.client_id and r.commands[0][0] == b"LPOP" for r in requests) and not self.lost:
+        if any(r.seq and r.commands[0][0] == b"LPOP" for r in requests) and not self.lost:
             self.lost += 1
             raise UnknownOutcome()
         return results
@@ -233,6 +233,7 @@ def test_many_writes_in_flight_and_a_slow_one_stays_in_the_window():
 
 def test_sessions_keep_a_large_window_within_the_old_byte_bound():
     s = Sessions()
+    s.register(9, 0)
     assert s.results_per_client == 1024
     budget = s.client_byte_budget
     assert budget == 16 * DEFAULT_MAX_RESULT_BYTES             # what 16 full results took before
@@ -243,12 +244,12 @@ def test_sessions_keep_a_large_window_within_the_old_byte_bound():
     client = s.clients[9]
     assert len(client.results) == 1024 and client.floor == 976
     # The newest replies are kept whole; older ones were demoted to the marker.
-    assert s.lookup(9, 2000) == (True, big)
-    seen, oldest = s.lookup(9, 977)
+    assert s.lookup(9, 2000, 0) == (True, big)
+    seen, oldest = s.lookup(9, 977, 0)
     assert seen and oldest == ResultNotKept(9, 977)
     assert client.nbytes == sum(len(r) for r in client.results.values())
     # The snapshot form is unchanged and round-trips the byte count.
-    again = Sessions.decode(s.encode())
+    again = Sessions.decode(s.encode(), 0)
     assert again.encode() == s.encode() and again.clients[9].nbytes == client.nbytes
     again.record(9, 2001, big)
     s.record(9, 2001, big)
@@ -257,10 +258,11 @@ def test_sessions_keep_a_large_window_within_the_old_byte_bound():
 
 def test_old_bounds_from_a_snapshot_behave_as_before():
     old = Sessions(results_per_client=16)
+    old.register(1, 0)
     assert old.client_byte_budget == 16 * DEFAULT_MAX_RESULT_BYTES
     full = b"x" * (DEFAULT_MAX_RESULT_BYTES - 64)
     for seq in range(1, 40):
         old.record(1, seq, full)
     assert all(r == encode_result(full) for r in old.clients[1].results.values())   # nothing demoted
-    assert Sessions.decode(old.encode()).encode() == old.encode()
+    assert Sessions.decode(old.encode(), 0).encode() == old.encode()
 

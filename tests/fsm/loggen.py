@@ -8,6 +8,7 @@ another process.
 import re
 
 from xraft.node.fsm.entry import Request, encode_record
+from xraft.node.fsm.sessions import DEFAULT_SESSION_TIMEOUT_MS
 
 T0 = 1_700_000_000_000
 
@@ -82,14 +83,21 @@ def _fresh(p, key: str, now: int) -> str:
     return p.pick({"l": LISTS, "s": STREAMS, "g": GROUPS, "c": CONSUMERS}[key])
 
 
+SESSION_TIMEOUT_MS = DEFAULT_SESSION_TIMEOUT_MS    # the state machines' (StateMachine() default)
+
+
 def gen_log(p, steps: int) -> list:
-    """`steps` records; clients 1..3 number their requests; some requests are retried."""
+    """`steps` records; clients 1..3 register (sometimes again, sometimes
+    never), number their requests, retry some; time sometimes jumps by more
+    than SESSION_TIMEOUT_MS, so sessions expire mid-log."""
     now = T0
     seqs = {1: 0, 2: 0, 3: 0}
     sent = []
-    log = []
+    log = [encode_record(T0, [Request.register(1), Request.register(2)])]    # client 3: never, at first
     for _ in range(steps):
         now = max(T0, now + p.int(-3, 3))                # the clock may run backwards
+        if p.int(0, 29) == 0:
+            now += SESSION_TIMEOUT_MS // 2 * p.int(1, 3)  # idle: sessions may expire
         if p.int(0, 19) == 0:
             log.append(b"")
             continue
@@ -100,6 +108,9 @@ def gen_log(p, steps: int) -> list:
                 batch.append(p.pick(sent))              # a retry of an earlier request
                 continue
             cid = p.int(0, 3)
+            if kind == 5 and cid:
+                batch.append(Request.register(cid))     # new, refreshed, or after expiry
+                continue
             seq = 0
             if cid:
                 seqs[cid] += 1

@@ -24,6 +24,8 @@ def requests(draw):
     kind = draw(st.sampled_from(list(Kind)))
     if kind == Kind.NOOP:
         return Request.noop()
+    if kind == Kind.REGISTER:
+        return Request.register(draw(st.integers(1, 2**64 - 1)))
     cid, seq = draw(CLIENT)
     if kind == Kind.COMMAND:
         return Request.command(cid, seq, draw(ARGV))
@@ -105,7 +107,10 @@ GOOD = _head() + _req() + _cmd(b"PING")
     (_head(nreq=2) + _req() + _cmd(b"PING"), "request count"),
     (_head(nreq=E.MAX_REQUESTS + 1) + (_req() + _cmd(b"P")) * 2, "request count"),
     (_head() + _req(kind=0) + _cmd(b"PING"), "kind"),
-    (_head() + _req(kind=6) + _cmd(b"PING"), "kind"),
+    (_head() + _req(kind=7) + _cmd(b"PING"), "kind"),
+    (_head() + _req(kind=6) + _cmd(b"PING"), "REGISTER"),
+    (_head() + _req(cid=0, seq=0, kind=6, ncmd=0), "REGISTER"),
+    (_head() + _req(cid=5, seq=1, kind=6, ncmd=0), "REGISTER"),
     (_head() + _req(cid=1, seq=0) + _cmd(b"PING"), "seq"),
     (_head() + _req(cid=0, seq=1) + _cmd(b"PING"), "seq"),
     (_head() + _req(ncmd=2) + _cmd(b"PING") + _cmd(b"PING"), "COMMAND"),

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from xraft.node.engine.commands import execute
 from xraft.node.engine.errors import EngineError
 from xraft.node.engine.keyspace import Keyspace
-from xraft.node.engine.replies import NULL_ARRAY
+from xraft.node.engine.replies import NULL_ARRAY, OK
 from xraft.node.fsm.blocking import NOT_SERVED, is_blocking_form, plan_blocking
 from xraft.node.fsm.entry import Kind, decode_record, encode_record, Request
 from xraft.node.fsm.errors import EntryTooLarge, ExecAbort, NotAWrite
@@ -39,10 +39,11 @@ def test_stamps_never_go_below_anything_proposed_or_observed(ops):
 def test_new_leader_with_a_slow_clock_keeps_ids_increasing():
     old = TimeStamper()
     sm = StateMachine()
-    log = [propose(old, 5_000, [resolve_command(1, 1, argv("XADD s * f 1")).request])]
+    log = [propose(old, 5_000, [Request.register(1), Request.register(2),
+                                resolve_command(1, 1, argv("XADD s * f 1")).request])]
     log.append(propose(old, 6_000, [resolve_command(1, 2, argv("XADD s * f 2")).request]))
     # The new leader applied only the first record; the second is in its log, unapplied.
-    assert sm.apply(1, log[0]) == [b"5000-0"]
+    assert sm.apply(1, log[0]) == [OK, OK, b"5000-0"]
     new = TimeStamper(sm.last_now_ms)
     for data in log:
         new.observe_record(data)
@@ -171,7 +172,7 @@ def _served(cmd, setup):
         sm.apply(i, encode_record(1000, [Request.command(0, 0, argv(s))]))
         execute(db, argv(s), 1000)
     r = resolve_command(1, 1, argv(cmd))
-    [result] = sm.apply(len(setup) + 1, encode_record(1000, [r.request]))
+    [_, result] = sm.apply(len(setup) + 1, encode_record(1000, [Request.register(1), r.request]))
     got = r.plan.translate(result)
     try:
         direct = execute(db, argv(cmd), 1000)

@@ -22,12 +22,21 @@ def argv(s: str):
 
 
 class Log:
-    """Applies records to a StateMachine at consecutive indexes."""
+    """Applies records to a StateMachine at consecutive indexes. A client id
+    is registered (a REGISTER record of its own) the first time it is used."""
 
     def __init__(self, sm=None, **kw):
         self.sm = sm or StateMachine(**kw)
+        self.seen = set()
+
+    def register(self, cid, now=NOW):
+        self.seen.add(cid)
+        return self.sm.apply(self.sm.applied_index + 1, encode_record(now, [Request.register(cid)]))[0]
 
     def run(self, *reqs, now=NOW):
+        for r in reqs:
+            if r.client_id and r.client_id not in self.seen:
+                self.register(r.client_id, now)
         return self.sm.apply(self.sm.applied_index + 1, encode_record(now, reqs))
 
     def cmd(self, s, cid=0, seq=0, now=NOW):
@@ -134,17 +143,6 @@ def test_window_eviction_gives_stale_requests_never_double_applies():
     assert log.cmd("RPUSH l x", cid=5, seq=9) == 4        # new
 
 
-def test_least_recently_used_client_is_forgotten():
-    log = Log(max_clients=2)
-    log.cmd("RPUSH l x", cid=1, seq=1)
-    log.cmd("RPUSH l x", cid=2, seq=1)
-    log.cmd("RPUSH l x", cid=1, seq=1)                   # a retry touches client 1
-    log.cmd("RPUSH l x", cid=3, seq=1)                   # evicts client 2
-    assert list(log.sm.sessions.clients) == [1, 3]
-    assert log.cmd("RPUSH l x", cid=1, seq=1) == 1
-    assert log.cmd("RPUSH l x", cid=2, seq=1) == 4        # forgotten: the documented gap
-
-
 def test_large_results_are_kept_as_a_marker():
     log = Log(max_result_bytes=256)
     log.cmd("RPUSH l " + "x" * 300)
@@ -172,7 +170,7 @@ def test_corrupt_entry_raises_and_changes_nothing():
     log = Log()
     log.cmd("RPUSH l a")
     snap = log.sm.snapshot()
-    good = encode_record(NOW, [Request.command(1, 1, argv("RPUSH l b"))])
+    good = encode_record(NOW, [Request.command(0, 0, argv("RPUSH l b"))])
     for bad in (good[:-1], good[:10], b"garbage!" * 3, bytes([good[0] ^ 1]) + good[1:]):
         with pytest.raises(CorruptEntry):
             log.sm.apply(2, bad)
@@ -272,18 +270,28 @@ def test_every_snapshot_truncation_and_bit_flip_is_rejected_and_changes_nothing(
         target.restore("text")
 
 
+def _sess_head(version=2, max_clients=1024, per_client=1024, max_bytes=1 << 14, timeout=3_600_000, nclients=1):
+    """A version 2 sessions header (sessions.py), 28 bytes."""
+    return struct.pack(">2sHIIIQI", b"XS", version, max_clients, per_client, max_bytes, timeout, nclients)
+
+
 def _reseal(body: bytes) -> bytes:
     return body + struct.pack(">I", zlib.crc32(body))
 
 
 @pytest.mark.parametrize("edit,why", [
     (lambda b: b"XFSN" + b[4:], "magic"),
-    (lambda b: b[:4] + b"\x00\x02" + b[6:], "version"),
+    (lambda b: b[:4] + b"\x00\x03" + b[6:], "version"),
     (lambda b: b[:6] + struct.pack(">Q", 2**63) + b[14:], "out of range"),
     (lambda b: b[:22] + struct.pack(">I", 2**31) + b[26:], "sessions"),
     (lambda b: b + b"x", "keyspace"),
-    (lambda b: b[:26] + struct.pack(">IIII", 0, 16, 1 << 14, 0) + b[42:], "sessions: session bound"),
-    (lambda b: b[:26] + struct.pack(">IIII", 1024, 16, 100, 0) + b[42:], "sessions: max_result_bytes"),
+    (lambda b: b[:26] + _sess_head(max_clients=0) + b[54:], "sessions: session bound"),
+    (lambda b: b[:26] + _sess_head(max_bytes=100) + b[54:], "sessions: max_result_bytes"),
+    (lambda b: b[:26] + _sess_head(timeout=0) + b[54:], "sessions: session timeout"),
+    (lambda b: b[:26] + _sess_head(version=3) + b[54:], "sessions: unsupported sessions version"),
+    (lambda b: b[:26] + _sess_head(nclients=1025) + b[54:], "sessions: bad client count"),
+    (lambda b: b[:26] + b"\x00\x00" + b[28:], "form that snapshot version 2"),
+    (lambda b: b[:4] + b"\x00\x01" + b[6:], "form that snapshot version 1"),
 ])
 def test_checks_behind_the_snapshot_checksum(edit, why):
     body = _small_sm().snapshot()[:-4]

@@ -50,7 +50,7 @@ def _fresh(p, key, now):
 
 
 def _group_log(p, steps):
-    now, seq, log = T0, 0, []
+    now, seq, log = T0, 0, [encode_record(T0, [Request.register(1)])]    # client 1's session
     for _ in range(steps):
         now = max(T0, now + p.int(-2, 3))
         batch = []
@@ -98,7 +98,7 @@ def test_unwanted_results_leave_the_same_state_on_mixed_logs(data):
 
 def test_requests_with_a_client_id_keep_their_results():
     sm_full, sm_bare = StateMachine(), StateMachine()
-    log = [encode_record(T0, [Request.command(0, 0, b"XADD s * f v".split()),
+    log = [encode_record(T0, [Request.register(7), Request.command(0, 0, b"XADD s * f v".split()),
                               Request.command(0, 0, b"XGROUP CREATE s g 0".split())]),
            encode_record(T0 + 1, [Request.command(7, 1, b"XREADGROUP GROUP g c STREAMS s >".split()),
                                   Request.command(0, 0, b"XADD s * f w".split()),

@@ -27,6 +27,8 @@ SLOW = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 
 def _apply(sm, req):
+    if req.client_id and req.client_id not in sm.sessions.clients:     # a session first (sessions.py)
+        sm.apply(sm.applied_index + 1, encode_record(1000, [Request.register(req.client_id)]))
     return sm.apply(sm.applied_index + 1, encode_record(1000, [req]))[0]
 
 

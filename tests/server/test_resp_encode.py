@@ -224,6 +224,8 @@ EXPECTED = {  # code: (grpc status, reason, retriable) -- every row, spelled out
     "UNKNOWNOUTCOME": ("UNKNOWN", "UNKNOWN_OUTCOME", False),
     "TIMEOUT": ("DEADLINE_EXCEEDED", "TIMEOUT", True),
     "UNAVAILABLE": ("UNAVAILABLE", "UNAVAILABLE", True),
+    "SESSIONEXPIRED": ("FAILED_PRECONDITION", "SESSION_EXPIRED", False),
+    "SESSIONSFULL": ("RESOURCE_EXHAUSTED", "SESSIONS_FULL", True),
 }
 
 
