@@ -125,10 +125,14 @@ node (e.g. a fresh data directory that catches up from peers). The limits:
     its bytes as synced: after a crash of the process alone, replay may have
     read bytes that were only in the page cache.
 
-Older formats. Version 1 (records back to back, no batch headers) cannot
-give the proof above and is not read: open raises WalVersionUnsupported
-naming both versions, and the node must start from an empty data directory
-and catch up from its peers.
+Older formats. Version 1 segments (records back to back, no batch headers,
+written by xraft before this format) are still read, with version 1's rule:
+damage in the last segment is a torn tail unless a fully verifying record
+follows it (then WalCorruption). It cannot tell a torn write whose later
+sector landed from damage, so open never writes into a version-1 segment: if
+the last segment is version 1 it is sealed (zero tail truncated, synced) and
+a version-2 segment is started, as at any rotation. A version newer than this
+build's raises WalVersionUnsupported.
 
 Group commit: append() only buffers (and returns each record's future
 position); sync() writes the whole buffer as one batch with one os.pwrite at
@@ -181,6 +185,7 @@ from .wal_format import (  # noqa: F401  (re-exported: the WAL's public names li
     SEGMENT_HEADER_BYTES,
     SEGMENT_MAGIC,
     WAL_VERSION,
+    READABLE_VERSIONS,
     RecordType,
     WalCorruption,
     WalError,
@@ -192,6 +197,7 @@ from .wal_format import (  # noqa: F401  (re-exported: the WAL's public names li
     encode_record,
     encode_segment_header,
     scan_segment,
+    scan_segment_v1,
 )
 
 log = logging.getLogger("xraft.wal")
@@ -287,6 +293,7 @@ class _Segment:
     # Logical size: end of the last verified or written record; for the active
     # segment, where the next write goes. The file may be longer (zeros), never shorter.
     size: int
+    version: int = WAL_VERSION  # of the segment's format; only WAL_VERSION is written to
 
 
 @dataclass(frozen=True)
@@ -462,6 +469,11 @@ class Wal:
             if self.options.fsync is not FsyncPolicy.NEVER:
                 _fdatasync(self._fd)
                 self._synced_end = segs[-1].size
+            if segs[-1].version != WAL_VERSION:
+                # Written by an older xraft: seal it, and write on in the current format.
+                log.warning("WAL: %s is in format version %d; continuing in a new version %d "
+                            "segment", segs[-1].path, segs[-1].version, WAL_VERSION)
+                self._rotate()
 
     def _verify_segment(self, seg: _Segment, is_last: bool) -> list[WalRecord]:
         size = os.path.getsize(seg.path)
@@ -479,14 +491,15 @@ class Wal:
             raise WalCorruption(f"bad segment magic {magic!r}", seg.path, 0)
         if crc32c.crc32c(buf[:SEGMENT_HEADER_BYTES - 4]) != crc:
             raise WalCorruption("segment header CRC mismatch", seg.path, 0)
-        if version != WAL_VERSION:
+        if version not in READABLE_VERSIONS:
             raise WalVersionUnsupported(version, seg.path)
         if flags != 0:
             raise WalCorruption(f"unknown segment flags {flags:#x}", seg.path, 10)
         if seq != seg.seq or first != seg.first_index:
             raise WalCorruption(f"header says seq {seq} first {first}, name says {seg.seq} "
                                 f"{seg.first_index}", seg.path, 12)
-        scan = scan_segment(buf, seg.path, is_last)
+        seg.version = version
+        scan = (scan_segment if version == WAL_VERSION else scan_segment_v1)(buf, seg.path, is_last)
         if scan.torn_at >= 0:
             self._truncate_torn_tail(seg, scan.torn_at, size, scan.torn_why)
         seg.size = scan.end

@@ -17,7 +17,8 @@ import crc32c
 from ..invariant import invariant
 
 SEGMENT_MAGIC = b"XRFTWAL\x00"
-WAL_VERSION = 2  # 1: records back to back, no batches (refused with WalVersionUnsupported)
+WAL_VERSION = 2  # written; 1 (records back to back, no batches) is still read: scan_segment_v1
+READABLE_VERSIONS = (1, 2)
 SEGMENT_HEADER = struct.Struct(">8sHHQQI")  # magic, version, flags, seq, first_index, crc
 SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size  # 32
 RECORD_HEADER = struct.Struct(">IIB")  # length, crc32c, type
@@ -74,15 +75,13 @@ class WalCorruption(WalError):
 
 
 class WalVersionUnsupported(WalError):
-    """A segment in a format this build does not read; the WAL refuses to open."""
+    """A segment in a format this build does not read (a newer xraft's); the WAL refuses to open."""
 
     def __init__(self, version: int, path: str):
         super().__init__(
             f"WAL segment format version {version} is not readable by this build, which reads "
-            f"only version {WAL_VERSION} (version 2 added batch headers so recovery can tell a "
-            f"torn last write from damage to acknowledged records). Start this node from an "
-            f"empty data directory and let it catch up from its peers, or run the xraft that "
-            f"wrote it", path, 8)
+            f"versions {', '.join(map(str, READABLE_VERSIONS))} and writes {WAL_VERSION}: run the "
+            f"xraft that wrote it", path, 8)
         self.version = version
 
 
@@ -336,4 +335,50 @@ def synced_batch_after(buf: bytes, off: int) -> int:
         if head is not None and head.synced_end > off:
             return p
         p = buf.find(BATCH_MAGIC, p + 1)
+    return -1
+
+
+# ---------------------------------------------------------------- version 1
+
+
+def scan_segment_v1(buf: bytes, path: str, is_last: bool) -> SegmentScan:
+    """Verify a version-1 segment (records back to back) with version 1's rule.
+
+    Version 1 cannot tell a torn last write from damage (no batches): damage in
+    the last segment with a fully verifying record anywhere after it is refused,
+    without one it is a torn tail. The WAL never writes into a version-1
+    segment again (open starts a version-2 one), so this rule fades out.
+    """
+    records: list[ScannedRecord] = []
+    off = SEGMENT_HEADER_BYTES
+    while off < len(buf):
+        rtype, end, payload, why = check_record_at(buf, off)
+        if rtype:
+            records.append(ScannedRecord(rtype, payload, off))
+            off = end
+            continue
+        if all_zero(buf, off):
+            break
+        if not is_last:
+            raise WalCorruption(why, path, off)
+        later = _valid_record_after(buf, off)
+        if later >= 0:
+            raise WalCorruption(f"{why}; a valid record follows at byte {later}", path, off)
+        return SegmentScan(records, off, off, why)
+    return SegmentScan(records, off, -1, "")
+
+
+_TYPE_BYTE = re.compile(b"[" + bytes(sorted(_VALID_TYPES)) + b"]")
+
+
+def _valid_record_after(buf: bytes, off: int) -> int:
+    """Offset of the first fully verifying record starting after `off`, or -1.
+
+    Candidates are found by their type byte (a C-speed regex scan); this only
+    runs on the failure path of a version-1 segment.
+    """
+    for m in _TYPE_BYTE.finditer(buf, off + 1 + 8):
+        start = m.start() - 8
+        if check_record_at(buf, start)[0]:
+            return start
     return -1

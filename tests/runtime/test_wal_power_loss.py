@@ -229,11 +229,80 @@ def test_torn_batch_across_a_zero_ahead_chunk_boundary(tmp_path, landed):
 # ---------------------------------------------------------------- format version
 
 
-def test_version_1_wal_is_refused_with_a_clear_message(tmp_path):
-    head = struct.pack(">8sHHQQ", b"XRFTWAL\x00", 1, 0, 1, 0)
-    v1 = head + struct.pack(">I", crc32c.crc32c(head)) + encode_record(RecordType.HARD_STATE, b"hs")
-    (tmp_path / "wal-0000000000000001-0000000000000000.log").write_bytes(v1)
-    with pytest.raises(WalError, match="version 1 is not readable by this build, which reads only version 2"):
+def segment_header(version, seq, first):
+    head = struct.pack(">8sHHQQ", b"XRFTWAL\x00", version, 0, seq, first)
+    return head + struct.pack(">I", crc32c.crc32c(head))
+
+
+def write_v1_segment(d, seq, first, records, zeros=0):
+    """A segment as xraft's format version 1 wrote it: header, records back to back, zeros."""
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(str(d), "wal-%016x-%016x.log" % (seq, first))
+    with open(path, "wb") as f:
+        f.write(segment_header(1, seq, first) + b"".join(encode_record(*r) for r in records) + bytes(zeros))
+    return path
+
+
+V1_PROLOGUE = [(RecordType.HARD_STATE, b"v2 prologue")]
+
+
+def test_version_1_wal_is_read_and_continued_in_a_version_2_segment(tmp_path, caplog):
+    old1 = [rec(i, 100) for i in range(3)]
+    old2 = [rec(i, 200) for i in range(3, 6)]
+    sealed = write_v1_segment(tmp_path, 1, 0, old1)
+    last = write_v1_segment(tmp_path, 2, 4, old2, zeros=5000)
+    wal, got = open_wal(tmp_path, segment_start=lambda: (7, V1_PROLOGUE))
+    assert got == old1 + old2 and "format version 1" in caplog.text
+    paths = wal.segment_paths()
+    assert paths[:2] == [sealed, last] and len(paths) == 3  # writes go to a new segment
+    assert os.path.getsize(last) == 32 + sum(len(encode_record(*r)) for r in old2)  # sealed: no zeros
+    wal.append([(RecordType.ENTRIES, b"new")])
+    wal.sync()
+    wal.close()
+    wal, got = open_wal(tmp_path, segment_start=lambda: (8, V1_PROLOGUE))
+    assert got == old1 + old2 + V1_PROLOGUE + [(RecordType.ENTRIES, b"new")]
+    assert len(wal.segment_paths()) == 3  # a version-2 last segment: no new rotation
+    wal.close()
+
+
+def test_version_1_rules_for_its_last_segment(tmp_path):
+    recs = [rec(i, 300) for i in range(4)]
+    framed = [encode_record(*r) for r in recs]
+    # A torn last record (cut short, zeros after): truncated as version 1 did.
+    path = write_v1_segment(tmp_path / "torn", 1, 0, recs)
+    with open(path, "r+b") as f:
+        f.truncate(32 + sum(map(len, framed)) - 50)
+        f.seek(0, 2)
+        f.write(bytes(1000))
+    wal, got = open_wal(tmp_path / "torn", segment_start=lambda: (1, V1_PROLOGUE))
+    assert got == recs[:3] and wal.repaired.offset == 32 + sum(map(len, framed[:3]))
+    wal.close()
+    # Damage with a valid record after it: refused.
+    path = write_v1_segment(tmp_path / "mid", 1, 0, recs)
+    flip(path, 32 + 20)
+    with pytest.raises(WalCorruption, match="a valid record follows"):
+        open_wal(tmp_path / "mid")
+
+
+def test_crash_during_the_version_1_to_2_rotation(tmp_path):
+    recs = [rec(i, 100) for i in range(3)]
+    # Killed after the new segment was renamed into place but before the old one's
+    # zero tail was truncated (or before the .tmp was renamed): both open.
+    write_v1_segment(tmp_path / "renamed", 1, 0, recs, zeros=3000)
+    with open(tmp_path / "renamed" / ("wal-%016x-%016x.log" % (2, 4)), "wb") as f:
+        f.write(segment_header(2, 2, 4))
+    write_v1_segment(tmp_path / "tmp", 1, 0, recs, zeros=3000)
+    with open(tmp_path / "tmp" / ("wal-%016x-%016x.log.tmp" % (2, 4)), "wb") as f:
+        f.write(segment_header(2, 2, 4)[:20])
+    for d in ("renamed", "tmp"):
+        wal, got = open_wal(tmp_path / d, segment_start=lambda: (4, V1_PROLOGUE))
+        assert got == recs and len(wal.segment_paths()) == 2, d
+        wal.close()
+
+
+def test_newer_wal_version_is_refused_with_a_clear_message(tmp_path):
+    (tmp_path / "wal-0000000000000001-0000000000000000.log").write_bytes(segment_header(3, 1, 0))
+    with pytest.raises(WalError, match="version 3 is not readable by this build, which reads versions 1, 2"):
         Wal.open(str(tmp_path))
 
 
