@@ -311,15 +311,20 @@ def test_newer_wal_version_is_refused_with_a_clear_message(tmp_path):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), chunk=st.sampled_from([0, 1, 7, 512, 1000, 4096]),
-       segment_bytes=st.sampled_from([4096, 10_000, 1 << 20]))
-def test_torn_damage_confined_to_the_last_batch_recovers_the_synced_prefix(seed, chunk, segment_bytes):
+       segment_bytes=st.sampled_from([4096, 10_000, 1 << 20]),
+       policy=st.sampled_from([FsyncPolicy.ALWAYS, FsyncPolicy.BATCH]))
+def test_torn_damage_after_the_last_fsync_recovers_the_synced_prefix(seed, chunk, segment_bytes, policy):
+    """Under fsync=always the unsynced region is the last batch; under fsync=batch
+    (fdatasync only on a segment's first sync and at rotation here) it is every
+    batch since the last fdatasync. Power cut: any of its sectors missing."""
     rnd = random.Random(seed)
-    opts = WalOptions(segment_bytes=segment_bytes, zero_ahead_bytes=chunk)
+    opts = WalOptions(fsync=policy, segment_bytes=segment_bytes, zero_ahead_bytes=chunk,
+                      batch_interval_ms=10**9, batch_bytes=10**9)
     prologue = [(RecordType.HARD_STATE, b"prologue")]
+    clock = iter(range(1, 10**6))
     d = tempfile.mkdtemp(prefix="xraft-wal-torn-", dir=os.environ.get("XRAFT_TEST_DIR"))
     try:
         wal, _ = open_wal(d, opts, segment_start=lambda: (1, prologue))
-        written = []  # records as replay returns them, prologues included
 
         def batch():
             recs = [(rnd.choice(list(RecordType)), rnd.choice([bytes, rnd.randbytes])(
@@ -327,36 +332,53 @@ def test_torn_damage_confined_to_the_last_batch_recovers_the_synced_prefix(seed,
             segs = len(wal.segment_paths())
             start = wal.active_segment_size()
             wal.append(recs)
-            wal.sync()
-            return recs, start, len(wal.segment_paths()) != segs
+            synced = wal.sync(next(clock))
+            rotated = len(wal.segment_paths()) != segs
+            return (recs, start, wal.active_segment_size()), synced or rotated, rotated
 
-        written = list(prologue)
+        durable = list(prologue)  # records as replay returns them, prologues included
+        unsynced = []  # (records, start, end) of the batches since the last completed fdatasync
+
+        def settle(batches, rotated):
+            durable.extend(r for recs, _, _ in batches for r in recs)
+            durable.extend(prologue if rotated else [])
+            unsynced.clear()
+
         for _ in range(rnd.randint(0, 30)):
-            recs, _, rotated = batch()
-            written += recs + (prologue if rotated else [])
-        while True:  # the last batch: its fdatasync is the one the power cut interrupts
-            recs, start, rotated = batch()
+            b, synced, rotated = batch()
+            if synced:
+                settle(unsynced + [b], rotated)
+            else:
+                unsynced.append(b)
+        while True:  # the last batch: the power cut interrupts its (or a later) fdatasync
+            b, _, rotated = batch()
             if not rotated:
+                unsynced.append(b)
                 break
-            written += recs + prologue
-        end = wal.active_segment_size()
+            settle(unsynced + [b], rotated)
+        start, end = unsynced[0][1], unsynced[-1][2]
         seg = wal.segment_paths()[-1]
         wal.close()
         raw = open(seg, "rb").read()
-        # Unlanded sectors of the last write hold what they held before: zeros after `start`.
+        # Unlanded sectors of the unsynced writes hold what they held before: zeros.
         sectors = list(range(start // SECTOR * SECTOR, end, SECTOR))
         for s in rnd.sample(sectors, rnd.randint(1, len(sectors))):
             zero(seg, max(s, start), min(s + SECTOR, end))
-        if rnd.random() < 0.3:  # and the file's size may not reach the end of the write
+        if rnd.random() < 0.3:  # and the file's size may not reach the end of the writes
             os.truncate(seg, rnd.randint(start, len(raw)))
         damaged = open(seg, "rb").read()
-        intact = damaged[:end] == raw[:end]
+        expected, torn_at = list(durable), -1
+        for recs, b_start, b_end in unsynced:  # batches before the first damaged one survive
+            if damaged[b_start:b_end] != raw[b_start:b_end]:
+                torn_at = b_start
+                break
+            expected += recs
         wal, got = open_wal(d, opts, segment_start=lambda: (1, prologue))
-        assert got == written + (recs if intact else [])
-        if intact or not any(damaged[start:]):  # nothing of it landed: the clean end
+        assert got == expected
+        if torn_at < 0 or not any(damaged[torn_at:]):  # intact, or nothing of it landed: clean end
             assert wal.repaired is None
         else:
-            assert wal.repaired.offset == start and os.path.getsize(seg) == start
+            assert wal.repaired.offset == torn_at and os.path.getsize(seg) == torn_at
         wal.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)
