@@ -120,8 +120,11 @@ def batch_header_at(off: int) -> int:
     return off + SECTOR_BYTES - off % SECTOR_BYTES
 
 
-def encode_batch(at: int, synced_end: int, framed: list[bytes]) -> bytes:
-    """Batch header + records (each framed by encode_record) for a header at byte `at`."""
+def encode_batch(at: int, synced_end: int, framed: list[bytes]) -> tuple[bytes, bytes]:
+    """(batch header, records) for records framed by encode_record and a header at byte `at`.
+
+    Two pieces, not one: the caller writes them with one pwritev, without a copy.
+    """
     invariant(batch_header_at(at) == at and 0 < synced_end <= at, "batch header placement")
     records = b"".join(framed)
     invariant(len(records) <= MAX_PENDING_BYTES, "batch within the pending limit")
@@ -129,7 +132,7 @@ def encode_batch(at: int, synced_end: int, framed: list[bytes]) -> bytes:
                                   at + BATCH_HEADER_BYTES + len(records))
     head = BATCH_HEADER.pack(BATCH_MAGIC, len(records), len(framed), zero_parts, at, synced_end,
                              crc32c.crc32c(records), 0)[:-4]
-    return head + struct.pack(">I", crc32c.crc32c(head)) + records
+    return head + struct.pack(">I", crc32c.crc32c(head)), records
 
 
 def count_zero_parts(buf: bytes, base: int, at: int, end: int) -> int:
