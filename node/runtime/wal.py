@@ -121,6 +121,10 @@ node (e.g. a fresh data directory that catches up from peers). The limits:
     the same synced_end, so damage anywhere in it is a torn tail. Under
     fsync=never nothing is ever synced (synced_end stays at the segment
     header), so damage anywhere in the last segment is a torn tail.
+  * A disk that can tear inside a 512-byte sector breaks the sector model
+    only towards refusing: a part with some new bytes is not all zeros, so
+    such a torn last batch reads as "fully landed" and is refused (as
+    version 1 refused), never a damaged batch accepted as torn.
   * Reopening fdatasyncs the active segment before the next batch claims
     its bytes as synced: after a crash of the process alone, replay may have
     read bytes that were only in the page cache.
@@ -135,13 +139,14 @@ a version-2 segment is started, as at any rotation. A version newer than this
 build's raises WalVersionUnsupported.
 
 Group commit: append() only buffers (and returns each record's future
-position); sync() writes the whole buffer as one batch with one os.pwritev at
-the active segment's logical size and, per the fsync policy, one fdatasync. Rotation
-happens only at the end of a sync(), when the active segment's logical size
-has reached segment_bytes; the sealed segment is truncated to its logical size
-(and fdatasynced unless fsync=never), then the new segment is created complete
-(header + a batch of prologue records supplied by the owner) under a .tmp name, fsynced,
-renamed and the directory fsynced, so a segment file never exists half-made.
+position); sync() writes the whole buffer as one batch with one os.pwritev
+at the active segment's logical size and, per the fsync policy, one
+fdatasync. Rotation happens only at the end of a sync(), when the active
+segment's logical size has reached segment_bytes; the sealed segment is
+truncated to its logical size (and fdatasynced unless fsync=never), then the
+new segment is created complete (header + a batch of prologue records
+supplied by the owner) under a .tmp name, fsynced, renamed and the directory
+fsynced, so a segment file never exists half-made.
 
 Zero-ahead. An fdatasync after an append must also commit the file's new size,
 a metadata change that goes through the filesystem journal (ext4: one journal

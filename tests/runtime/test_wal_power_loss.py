@@ -202,6 +202,20 @@ def test_bit_flip_anywhere_in_a_last_batch_that_fully_landed_is_refused(tmp_path
             open_wal(tmp_path)
 
 
+def test_a_tear_inside_a_sector_is_refused_not_guessed(tmp_path):
+    # Outside the model (sectors land whole): half a sector of the last batch new, half
+    # still zeros. No part is all zeros, so it reads as landed-and-damaged: refused.
+    w = Batches(tmp_path)
+    w.batch([rec(0, 100)])
+    start, end = w.batch(big_batch(2))
+    w.close()
+    s = (start // SECTOR + 2) * SECTOR  # a whole sector inside the batch
+    assert s + SECTOR < end
+    zero(w.seg, s + SECTOR // 2, s + SECTOR)
+    with pytest.raises(WalCorruption, match="every sector of this last batch landed"):
+        open_wal(tmp_path)
+
+
 # ---------------------------------------------------------------- chunk boundaries
 
 
