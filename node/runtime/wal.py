@@ -1,4 +1,4 @@
-"""Write-ahead log: CRC-framed records in segment files written ahead into zeros, group commit.
+"""Write-ahead log: CRC-framed batches of records in segment files written ahead into zeros, group commit.
 
 The WAL stores opaque payloads tagged with a record type; what a payload means
 (entries, hard state, markers) is disk_storage.py's business. This module owns
@@ -10,73 +10,143 @@ Directory
     <dir>/wal.lock                                 flock'ed while a Wal is open
     <dir>/*.tmp                                    half-created segments; deleted at open
 
-Segment file
-    +-------------------+--------+--------+-----+---------------------------+
-    | header (32 bytes) | record | record | ... | zero-filled (0 or more)   |
-    +-------------------+--------+--------+-----+---------------------------+
-    0                                           ^ size (logical)            ^ file length
-    Records end at the segment's logical size; from there to the file's length
-    the bytes are zeros written ahead (see "Zero-ahead"). Sealed segments are
-    truncated to their logical size at rotation, so normally only the active
-    one has a zero tail.
+Segment file (format version 2)
+    +-------------------+-------+-------+-----+-------+---------------------------+
+    | header (32 bytes) | batch | batch | ... | batch | zero-filled (0 or more)   |
+    +-------------------+-------+-------+-----+-------+---------------------------+
+    0                                                 ^ size (logical)            ^ file length
+    A batch is what one sync() writes in one pwritev: a batch header and the
+    records appended since the previous sync(). Batches end at the segment's
+    logical size; from there to the file's length the bytes are zeros written
+    ahead (see "Zero-ahead"). Sealed segments are truncated to their logical
+    size at rotation, so normally only the active one has a zero tail.
 
 Segment header (32 bytes, big-endian)
     +----------+---------+-------+---------+-------------+------------+
     | magic    | version | flags | seq     | first_index | header_crc |
     | 8 bytes  |  u16    |  u16  |  u64    |    u64      |    u32     |
     +----------+---------+-------+---------+-------------+------------+
-    magic = b"XRFTWAL\\0"; version = 1; flags = 0;
+    magic = b"XRFTWAL\\0"; version = 2; flags = 0;
     seq, first_index equal the ones in the file name;
     header_crc = crc32c of the 28 bytes before it.
+
+Batch (40-byte header + records, big-endian)
+          | gap | batch header                                                    | records...
+    +-----+-----+-------+--------+-------+------------+-----+------------+-------------+------------+---------+
+    | ... | 0s  | magic | length | count | zero_parts | at  | synced_end | records_crc | header_crc | rec rec |
+    |     |     | "XRBT"|  u32   |  u32  |    u32     | u64 |    u64     |     u32     |    u32     |   ...   |
+    +-----+-----+-------+--------+-------+------------+-----+------------+-------------+------------+---------+
+          ^ end of the previous batch           (a "sector" below is 512 bytes at a file offset k*512)
+    gap: zeros, only when the header would otherwise straddle a sector boundary (it then
+         starts at the boundary), so a header lies inside one sector;
+    length, count: bytes and number of the records that follow (count >= 1);
+    zero_parts: how many sector-aligned parts of [at, end of batch) after the header's
+         own sector are all zeros as written (records can hold zeros);
+    at: this header's own offset in the segment;
+    synced_end: the segment was fdatasync'ed up to this offset (a batch end) when this
+         batch was written; <= at;
+    records_crc = crc32c of the records; header_crc = crc32c of the 36 bytes before it.
+    The first batch of a segment holds the prologue records (see "Group commit").
 
 Record (9-byte header + payload, big-endian)
     +------------+------------+--------+---------------------+
     | length     | crc32c     | type   | payload             |
     |   u32      |   u32      |  u8    | `length` bytes      |
     +------------+------------+--------+---------------------+
-    length <= MAX_RECORD_PAYLOAD_BYTES; type in RecordType (0 is never valid,
-    so zero-filled space never parses); crc32c covers type + payload.
+    length <= MAX_RECORD_PAYLOAD_BYTES; type in RecordType (0 is never valid);
+    crc32c covers type + payload. A record is read back alone (a cache miss
+    preads it at its RecordPos) and verified by its own CRC.
 
-Why the CRC is per record and not chained across records (etcd chains its CRC
-and carries it into each new segment with a CRC record): an independent CRC
-lets recovery tell *where* damage is and whether anything valid follows it,
-which is how a torn tail is told apart from mid-log corruption (see below);
-deleting old segments needs no carried-over state; and the reader of a single
-record (DiskStorage's cache misses) can verify it with a single pread. What a
-chain would add, detecting dropped or reordered whole records, is covered one
-level up: segment sequence numbers must be consecutive and DiskStorage checks
-that entry indexes connect.
+Why the CRCs are per record and per batch and not chained (etcd chains its
+CRC and carries it into each new segment): independent CRCs let recovery tell
+*where* damage is and whether what follows proves it was synced; deleting old
+segments needs no carried-over state; and a single record is verified with a
+single pread. What a chain would add, detecting dropped or reordered whole
+batches, is covered by `at`, by consecutive segment sequence numbers and by
+DiskStorage checking that entry indexes connect.
 
-Torn tail vs corruption. Replay verifies every record of every segment. A
-record that fails (short header, length over the limit or past EOF, unknown
-type, CRC mismatch) at offset `off`:
-  * if every byte from `off` to EOF is zero -> the clean end of the segment's
-    records, in any segment; no warning, no repair. Type 0 never parses, so
-    zeros are never taken for a record (and a torn write of which only zero
-    bytes landed is zeros like any other). The last segment keeps its zeros
-    (writing continues at `off`); a non-last one can have a zero tail only
-    after a crash between a zero-ahead write and the truncation at rotation,
-    and is left as it is. Records that zeros replaced cannot go unnoticed:
-    DiskStorage checks that entry indexes connect across segments.
-  * else in any segment but the last -> WalCorruption(file, off); refuse to open.
-  * else in the last segment, if some byte offset after `off` starts a record
-    that fully verifies -> WalCorruption: bytes after the damage reached the
-    disk, so this is not an interrupted write (a flipped bit, or a torn write
-    whose later sectors landed; both are refused rather than guessed at).
-  * otherwise it is a torn tail: the segment is truncated to `off` and the WAL
-    continues. Only the last sync's write can be torn, and its records were
-    never reported durable, so nobody was told about them. (A torn write into
-    zero-filled space leaves zeros after its landed part; those are dropped
-    with it and the next sync writes zeros ahead again.)
+What an fsync guarantees, and what it does not. Once fdatasync returns,
+every byte written before it is on stable storage. Until it returns, any
+subset of the written sectors may have reached the disk, in any order: a
+power cut can leave a later sector of the write on disk while an earlier one
+still holds what it held before. Before, for the bytes of a batch, means
+zeros: the batch is written over zeros written ahead, or past the file's end
+(an extension whose blocks never landed reads as zeros, or is not there). The
+model assumes a sector lands whole or not at all (a half-written sector
+reads back as an I/O error, which refuses to open like any damage).
+
+Recovery. Replay verifies every batch of every segment: header CRC, `at`,
+records_crc, then each record and the count. Where a batch fails, at `off`
+(the end of the last good batch):
+  * every byte from `off` to EOF is zero -> the clean end of the segment, in
+    any segment; no warning, no repair (a magic is never zero, so zeros never
+    parse). The last segment keeps its zeros (writing continues at `off`); a
+    non-last one can have a zero tail only after a crash between a zero-ahead
+    write and the truncation at rotation, and is left as it is. Batches that
+    zeros replaced cannot go unnoticed: DiskStorage checks that entry indexes
+    connect across segments.
+  * in any segment but the last -> WalCorruption: a segment is sealed only
+    after an fdatasync of all of it.
+  * in the last segment, if a later batch header verifies (CRC and `at`) and
+    its synced_end > off -> WalCorruption: that header was written after an
+    fdatasync covering `off` returned, so the failing batch was complete, and
+    its records may have been acknowledged.
+  * otherwise the failing batch is the last synced one or was written since
+    the last completed fdatasync, and nothing later proves which. It is a torn
+    tail if the damage is what an interrupted write leaves: its header is
+    zeros, or it runs past EOF, or it has more all-zero sector parts than the
+    writer counted (zero_parts). Then the segment is truncated to `off`, with
+    every batch after it (those, too, were written after the last completed
+    fdatasync: their synced_end says so), and the WAL continues.
+  * else every sector of the batch landed, as written, yet it fails: the
+    write completed, fdatasync may have returned and the records may have been
+    acknowledged, so this is a bit flip or bad media -> WalCorruption.
+Why this is safe. A torn batch was never acknowledged: sync() returns, and
+the owner reports anything durable, only after fdatasync returned, and after
+that no sector of the batch can be missing. So truncating a torn batch loses
+nothing anyone was told about. A batch that fully landed and has a flipped
+bit may have been acknowledged (a vote, or entries a leader counted toward a
+quorum), so it is refused, never silently dropped; the operator restores the
+node (e.g. a fresh data directory that catches up from peers). The limits:
+  * The last synced batch with nothing after it is protected only by its own
+    checksums and zero_parts: a flip that turns a non-zero sector part into
+    all zeros (a part that held one set bit) reads as torn and is truncated.
+    For the last part of a batch that can be a few bytes; rare squared.
+  * Damage that zeroes whole sectors of the last batch after fdatasync (a
+    disk that loses an acknowledged write) reads as torn: no format can tell
+    that from a torn write without a later write to prove it.
+  * A crafted payload that holds a valid-looking batch header at its own
+    offset could make recovery refuse a torn tail (never accept damage).
+  * Under fsync=batch the unsynced region spans several batches; each names
+    the same synced_end, so damage anywhere in it is a torn tail. Under
+    fsync=never nothing is ever synced (synced_end stays at the segment
+    header), so damage anywhere in the last segment is a torn tail.
+  * A disk that can tear inside a 512-byte sector breaks the sector model
+    only towards refusing: a part with some new bytes is not all zeros, so
+    such a torn last batch reads as "fully landed" and is refused (as
+    version 1 refused), never a damaged batch accepted as torn.
+  * Reopening fdatasyncs the active segment before the next batch claims
+    its bytes as synced: after a crash of the process alone, replay may have
+    read bytes that were only in the page cache.
+
+Older formats. Version 1 segments (records back to back, no batch headers,
+written by xraft before this format) are still read, with version 1's rule:
+damage in the last segment is a torn tail unless a fully verifying record
+follows it (then WalCorruption). It cannot tell a torn write whose later
+sector landed from damage, so open never writes into a version-1 segment: if
+the last segment is version 1 it is sealed (zero tail truncated, synced) and
+a version-2 segment is started, as at any rotation. A version newer than this
+build's raises WalVersionUnsupported.
 
 Group commit: append() only buffers (and returns each record's future
-position); sync() writes the whole buffer with one os.pwrite at the active
-segment's logical size and, per the fsync policy, one fdatasync. Rotation
-happens only at the end of a sync(), when the active segment's logical size
-has reached segment_bytes; the sealed segment is truncated to its logical size
-(and fdatasynced unless fsync=never), then the new segment is created complete
-(header + prologue records supplied by the owner) under a .tmp name, fsynced,
-renamed and the directory fsynced, so a segment file never exists half-made.
+position); sync() writes the whole buffer as one batch with one os.pwritev
+at the active segment's logical size and, per the fsync policy, one
+fdatasync. Rotation happens only at the end of a sync(), when the active
+segment's logical size has reached segment_bytes; the sealed segment is
+truncated to its logical size (and fdatasynced unless fsync=never), then the
+new segment is created complete (header + a batch of prologue records
+supplied by the owner) under a .tmp name, fsynced, renamed and the directory
+fsynced, so a segment file never exists half-made.
 
 Zero-ahead. An fdatasync after an append must also commit the file's new size,
 a metadata change that goes through the filesystem journal (ext4: one journal
@@ -85,7 +155,7 @@ follower's fsync is on the path of every acknowledged write). Overwriting bytes
 the file already has needs no metadata, so fdatasync only flushes data blocks.
 Measured with 3 processes each writing 300 bytes + fdatasync in a loop:
 appending 0.215 ms p50 per fdatasync, overwriting written zeros 0.125 ms p50.
-So the active segment is written with pwrite at its logical end (no O_APPEND),
+So the active segment is written with pwritev at its logical end (no O_APPEND),
 and a sync() whose write would pass the file's length carries, in the same
 single write, zeros up to the next multiple of zero_ahead_bytes (never past
 segment_bytes, where the segment rotates anyway): the size changes once per
@@ -101,58 +171,57 @@ import fcntl
 import logging
 import os
 import re
-import struct
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple, Optional
 
 import crc32c
 
 from ..invariant import invariant
+from .wal_format import (  # noqa: F401  (re-exported: the WAL's public names live here)
+    BATCH_HEADER_BYTES,
+    MAX_INDEX,
+    MAX_PENDING_BYTES,
+    MAX_RECORD_PAYLOAD_BYTES,
+    MIB,
+    RECORD_HEADER,
+    RECORD_HEADER_BYTES,
+    SECTOR_BYTES,
+    SEGMENT_HEADER,
+    SEGMENT_HEADER_BYTES,
+    SEGMENT_MAGIC,
+    WAL_VERSION,
+    READABLE_VERSIONS,
+    RecordType,
+    WalCorruption,
+    WalError,
+    WalRecordTooLarge,
+    WalVersionUnsupported,
+    batch_header_at,
+    check_record_at,
+    encode_batch,
+    encode_record,
+    encode_segment_header,
+    scan_segment,
+    scan_segment_v1,
+)
 
 log = logging.getLogger("xraft.wal")
 
-SEGMENT_MAGIC = b"XRFTWAL\x00"
-WAL_VERSION = 1
-SEGMENT_HEADER = struct.Struct(">8sHHQQI")  # magic, version, flags, seq, first_index, crc
-SEGMENT_HEADER_BYTES = SEGMENT_HEADER.size  # 32
-RECORD_HEADER = struct.Struct(">IIB")  # length, crc32c, type
-RECORD_HEADER_BYTES = RECORD_HEADER.size  # 9
-
-MIB = 1 << 20
 DEFAULT_SEGMENT_BYTES = 64 * MIB
 MIN_SEGMENT_BYTES = 4096  # small segments are allowed so tests can rotate often
 MAX_SEGMENT_BYTES = 512 * MIB
-# One record holds at most one maximal entry (codec: 64 MiB of data) plus framing.
-MAX_RECORD_PAYLOAD_BYTES = 80 * MIB
-# Bytes append() may buffer before a sync(); bounds both memory and how far a
-# segment can overshoot segment_bytes (rotation happens only after a sync).
-MAX_PENDING_BYTES = 256 * MIB
 # Nothing this WAL writes can be larger; a bigger file is not ours.
-MAX_SEGMENT_FILE_BYTES = MAX_SEGMENT_BYTES + MAX_PENDING_BYTES + SEGMENT_HEADER_BYTES
+MAX_SEGMENT_FILE_BYTES = (MAX_SEGMENT_BYTES + MAX_PENDING_BYTES + SEGMENT_HEADER_BYTES
+                          + SECTOR_BYTES + BATCH_HEADER_BYTES)
 MAX_SEGMENTS = 1_000_000
 # Zero-ahead chunk: the active segment's file grows this much at a time (see the
 # module docstring), so its size, a journal commit, changes once per chunk.
 ZERO_AHEAD_BYTES = 1 * MIB
 # Bounds the zeros one sync() may write on top of its records.
 MAX_ZERO_AHEAD_BYTES = 64 * MIB
-_ZEROS = bytes(MIB)  # compared against, never written: tails are checked a chunk at a time
-MAX_INDEX = (1 << 63) - 1
 
 _SEGMENT_NAME = re.compile(r"^wal-([0-9a-f]{16})-([0-9a-f]{16})\.log$")
 LOCK_NAME = "wal.lock"
-
-
-class RecordType(enum.IntEnum):
-    """The record types a WAL accepts. 0 is reserved: zero-filled bytes never parse."""
-
-    ENTRIES = 1  # a batch of consecutive log entries
-    HARD_STATE = 2  # term, vote, commit
-    SNAPSHOT = 3  # marker: a snapshot file at (index, term) is durable; maybe a log reset
-    COMPACT = 4  # marker: entries <= index are gone; the log's dummy is (index, term)
-
-
-_VALID_TYPES = frozenset(int(t) for t in RecordType)
-_TYPE_BYTE = re.compile(b"[" + bytes(sorted(_VALID_TYPES)) + b"]")
 
 
 class FsyncPolicy(enum.Enum):
@@ -162,31 +231,6 @@ class FsyncPolicy(enum.Enum):
 
 
 # ---------------------------------------------------------------- errors
-
-
-class WalError(Exception):
-    """Base of the WAL's typed errors; `path` and `offset` say where (-1: not about a byte)."""
-
-    def __init__(self, message: str, path: str = "", offset: int = -1):
-        where = f" ({path} at byte {offset})" if path else ""
-        super().__init__(message + where)
-        self.path = path
-        self.offset = offset
-
-
-class WalCorruption(WalError):
-    """Damaged bytes that are not a torn tail. Never used; the WAL refuses to open."""
-
-    def __init__(self, reason: str, path: str, offset: int):
-        super().__init__(f"WAL corruption: {reason}", path, offset)
-        self.reason = reason
-
-
-class WalRecordTooLarge(WalError):
-    def __init__(self, size: int, limit: int):
-        super().__init__(f"WAL record payload of {size} bytes over the limit of {limit}")
-        self.size = size
-        self.limit = limit
 
 
 class WalBufferFull(WalError):
@@ -254,6 +298,7 @@ class _Segment:
     # Logical size: end of the last verified or written record; for the active
     # segment, where the next write goes. The file may be longer (zeros), never shorter.
     size: int
+    version: int = WAL_VERSION  # of the segment's format; only WAL_VERSION is written to
 
 
 @dataclass(frozen=True)
@@ -272,23 +317,6 @@ SegmentStart = Callable[[], tuple[int, list[tuple[int, bytes]]]]
 
 def segment_name(seq: int, first_index: int) -> str:
     return f"wal-{seq:016x}-{first_index:016x}.log"
-
-
-def encode_record(rtype: int, payload: bytes) -> bytes:
-    """Frame one record (header + payload)."""
-    if int(rtype) not in _VALID_TYPES:
-        raise ValueError(f"unknown WAL record type {rtype!r}")
-    if len(payload) > MAX_RECORD_PAYLOAD_BYTES:
-        raise WalRecordTooLarge(len(payload), MAX_RECORD_PAYLOAD_BYTES)
-    tb = bytes((int(rtype),))
-    crc = crc32c.crc32c(payload, value=crc32c.crc32c(tb))
-    return RECORD_HEADER.pack(len(payload), crc, int(rtype)) + payload
-
-
-def encode_segment_header(seq: int, first_index: int) -> bytes:
-    invariant(1 <= seq <= MAX_INDEX and 0 <= first_index <= MAX_INDEX, "segment header fields in range")
-    head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, WAL_VERSION, 0, seq, first_index, 0)[:-4]
-    return head + struct.pack(">I", crc32c.crc32c(head))
 
 
 def fsync_dir(path: str) -> None:
@@ -313,55 +341,18 @@ def _fdatasync(fd: int) -> None:
     (getattr(os, "fdatasync", None) or os.fsync)(fd)
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
+def _pwrite_all(fd: int, parts: list[bytes], offset: int) -> None:
+    """Write `parts` back to back at `offset`: one pwritev, more only after a short write."""
+    views = [memoryview(p) for p in parts if p]
+    while views:
+        n = os.pwritev(fd, views, offset)
         offset += n
-
-
-def _all_zero(buf: bytes, off: int) -> bool:
-    """True if every byte of buf[off:] is zero (memcmp a chunk at a time, not a Python loop)."""
-    n = len(buf)
-    while off < n:
-        chunk = buf[off:off + len(_ZEROS)]
-        if chunk != _ZEROS[:len(chunk)]:
-            return False
-        off += len(chunk)
-    return True
-
-
-def _check_record_at(buf: bytes, off: int, path: str) -> tuple[int, int, bytes, str]:
-    """Verify the record at `off`: (type, end offset, payload, "") or (0, 0, b"", why not)."""
-    n = len(buf)
-    if n - off < RECORD_HEADER_BYTES:
-        return 0, 0, b"", f"truncated record header ({n - off} of {RECORD_HEADER_BYTES} bytes)"
-    length, crc, rtype = RECORD_HEADER.unpack_from(buf, off)
-    if rtype not in _VALID_TYPES:
-        return 0, 0, b"", f"unknown record type {rtype}"
-    if length > MAX_RECORD_PAYLOAD_BYTES:
-        return 0, 0, b"", f"record length {length} over limit {MAX_RECORD_PAYLOAD_BYTES}"
-    end = off + RECORD_HEADER_BYTES + length
-    if end > n:
-        return 0, 0, b"", f"record of {length} bytes runs {end - n} bytes past end of file"
-    payload = buf[off + RECORD_HEADER_BYTES:end]
-    if crc32c.crc32c(payload, value=crc32c.crc32c(bytes((rtype,)))) != crc:
-        return 0, 0, b"", "record CRC mismatch"
-    return rtype, end, payload, ""
-
-
-def _valid_record_after(buf: bytes, off: int, path: str) -> int:
-    """Offset of the first fully verifying record starting after `off`, or -1.
-
-    Candidates are found by their type byte (a C-speed regex scan), so this is
-    cheap except on adversarial data; it only runs on the failure path.
-    """
-    for m in _TYPE_BYTE.finditer(buf, off + 1 + 8):
-        start = m.start() - 8
-        if _check_record_at(buf, start, path)[0]:
-            return start
-    return -1
+        while n:
+            if n >= len(views[0]):
+                n -= len(views.pop(0))
+            else:
+                views[0] = views[0][n:]
+                n = 0
 
 
 class Wal:
@@ -373,7 +364,7 @@ class Wal:
         self.options = options
         self._segment_start = segment_start
         self._segments: list[_Segment] = []  # Invariant: sorted by seq, consecutive; last is active
-        self._fd = -1  # write fd of the active segment; written with pwrite at its logical size
+        self._fd = -1  # write fd of the active segment; written with pwritev at its logical size
         # Invariant: the active segment file's length: >= its logical size, and every byte
         # between the two is zero. Writes below it overwrite zeros (no size change).
         self._zeroed_end = 0
@@ -381,6 +372,11 @@ class Wal:
         self._read_fds: dict[int, int] = {}  # seq -> read-only fd, opened on demand
         self._pending: list[bytes] = []  # framed records not yet written
         self._pending_bytes = 0  # Invariant: == sum(len(p) for p in _pending) <= MAX_PENDING_BYTES
+        # Where the next batch's header goes (batch_header_at(active size)); valid while _pending.
+        self._batch_at = 0
+        # Invariant: the active segment was fdatasync'ed up to here (<= its logical size);
+        # every batch header carries it, the proof recovery needs (see "Recovery").
+        self._synced_end = SEGMENT_HEADER_BYTES
         self._pending_at: dict[int, tuple[int, bytes]] = {}  # offset -> (type, payload), active seg
         self._unsynced_bytes = 0  # written but not fdatasync'ed
         self._last_fsync_ms: Optional[int] = None
@@ -479,6 +475,16 @@ class Wal:
             # The zeros after the last record stay: the next writes overwrite them.
             self._zeroed_end = os.fstat(self._fd).st_size
             invariant(self._zeroed_end >= segs[-1].size, "active segment file covers its records")
+            # What replay read may be only in the page cache (a crash of the process, not
+            # of the machine): sync it before the next batch header claims it is synced.
+            if self.options.fsync is not FsyncPolicy.NEVER:
+                _fdatasync(self._fd)
+                self._synced_end = segs[-1].size
+            if segs[-1].version != WAL_VERSION:
+                # Written by an older xraft: seal it, and write on in the current format.
+                log.warning("WAL: %s is in format version %d; continuing in a new version %d "
+                            "segment", segs[-1].path, segs[-1].version, WAL_VERSION)
+                self._rotate()
 
     def _verify_segment(self, seg: _Segment, is_last: bool) -> list[WalRecord]:
         size = os.path.getsize(seg.path)
@@ -496,31 +502,19 @@ class Wal:
             raise WalCorruption(f"bad segment magic {magic!r}", seg.path, 0)
         if crc32c.crc32c(buf[:SEGMENT_HEADER_BYTES - 4]) != crc:
             raise WalCorruption("segment header CRC mismatch", seg.path, 0)
-        if version != WAL_VERSION or flags != 0:
-            raise WalCorruption(f"unsupported segment version {version} / flags {flags:#x}", seg.path, 8)
+        if version not in READABLE_VERSIONS:
+            raise WalVersionUnsupported(version, seg.path)
+        if flags != 0:
+            raise WalCorruption(f"unknown segment flags {flags:#x}", seg.path, 10)
         if seq != seg.seq or first != seg.first_index:
             raise WalCorruption(f"header says seq {seq} first {first}, name says {seg.seq} "
                                 f"{seg.first_index}", seg.path, 12)
-        records: list[WalRecord] = []
-        off = SEGMENT_HEADER_BYTES
-        while off < size:
-            rtype, end, payload, why = _check_record_at(buf, off, seg.path)
-            if not rtype:
-                if _all_zero(buf, off):
-                    size = off  # zero-filled space: the clean end of the records
-                    break
-                if not is_last:
-                    raise WalCorruption(why, seg.path, off)
-                later = _valid_record_after(buf, off, seg.path)
-                if later >= 0:
-                    raise WalCorruption(f"{why}; a valid record follows at byte {later}", seg.path, off)
-                self._truncate_torn_tail(seg, off, size, why)
-                size = off
-                break
-            records.append(WalRecord(RecordType(rtype), payload, seg.seq, off))
-            off = end
-        seg.size = size
-        return records
+        seg.version = version
+        scan = (scan_segment if version == WAL_VERSION else scan_segment_v1)(buf, seg.path, is_last)
+        if scan.torn_at >= 0:
+            self._truncate_torn_tail(seg, scan.torn_at, size, scan.torn_why)
+        seg.size = scan.end
+        return [WalRecord(RecordType(r.type), r.payload, seg.seq, r.offset) for r in scan.records]
 
     def _truncate_torn_tail(self, seg: _Segment, off: int, size: int, why: str) -> None:
         log.warning("WAL: torn tail in %s at byte %d (%s): truncating %d bytes",
@@ -540,14 +534,16 @@ class Wal:
         """Create segment `seq` complete with its prologue, atomically, and make it active."""
         first_index, prologue = self._segment_start()
         invariant(0 <= first_index <= MAX_INDEX, f"segment first index {first_index} in range")
-        data = encode_segment_header(seq, first_index) + b"".join(
-            encode_record(t, p) for t, p in prologue)
+        data = encode_segment_header(seq, first_index)
+        if prologue:  # one batch; nothing before it was synced in this segment
+            framed = [encode_record(t, p) for t, p in prologue]
+            data += b"".join(encode_batch(len(data), len(data), framed))
         path = os.path.join(self.dir, segment_name(seq, first_index))
         tmp = path + ".tmp"
         durable = self.options.fsync is not FsyncPolicy.NEVER
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _pwrite_all(fd, data, 0)      # a new, empty file
+            _pwrite_all(fd, [data], 0)      # a new, empty file
             if durable:
                 _fdatasync(fd)
         finally:
@@ -559,6 +555,7 @@ class Wal:
             os.close(self._fd)
         self._fd = os.open(path, os.O_WRONLY)
         self._zeroed_end = len(data)  # no zeros yet: the first sync() writes them ahead
+        self._synced_end = len(data) if durable else SEGMENT_HEADER_BYTES
         self._segments.append(_Segment(seq, first_index, path, len(data)))
         self._last_fsync_ms = None
 
@@ -598,8 +595,10 @@ class Wal:
         if self._pending_bytes + adding > MAX_PENDING_BYTES:
             raise WalBufferFull(self._pending_bytes, adding, MAX_PENDING_BYTES)
         active = self._segments[-1]
+        if not self._pending:
+            self._batch_at = batch_header_at(active.size)
         pos = []
-        off = active.size + self._pending_bytes
+        off = self._batch_at + BATCH_HEADER_BYTES + self._pending_bytes
         for f, (t, p) in zip(framed, records):
             self._pending_at[off] = (t, p)
             pos.append(RecordPos(active.seq, off))
@@ -617,17 +616,20 @@ class Wal:
         self._check_open()
         if self._pending:
             active = self._segments[-1]
-            end = active.size + self._pending_bytes
-            parts = self._pending
+            at = self._batch_at
+            end = at + BATCH_HEADER_BYTES + self._pending_bytes
+            header, records = encode_batch(at, self._synced_end, self._pending)
+            # The gap before a header that would straddle a sector is zeros (rewritten as
+            # zeros: past the file's length, skipping it would leave a hole).
+            parts = [bytes(at - active.size) + header, records]
             if end > self._zeroed_end:
                 # Past the file's length: the size changes anyway, so change it once for a
                 # whole chunk. Zeros ride in the same write (one write per sync).
-                parts = [*parts, bytes(self._zero_ahead_end(end) - end)]
-            data = b"".join(parts)
-            _pwrite_all(self._fd, data, active.size)
-            self._zeroed_end = max(self._zeroed_end, active.size + len(data))
+                parts.append(bytes(self._zero_ahead_end(end) - end))
+            _pwrite_all(self._fd, parts, active.size)
+            self._zeroed_end = max(self._zeroed_end, active.size + sum(map(len, parts)))
+            self._unsynced_bytes += end - active.size
             active.size = end
-            self._unsynced_bytes += self._pending_bytes
             self._pending.clear()
             self._pending_at.clear()
             self._pending_bytes = 0
@@ -640,6 +642,7 @@ class Wal:
             if due:
                 _fdatasync(self._fd)
                 self._unsynced_bytes = 0
+                self._synced_end = self._segments[-1].size
                 if now_ms is not None:
                     self._last_fsync_ms = now_ms
         if self._segments[-1].size >= self.options.segment_bytes:
@@ -695,7 +698,7 @@ class Wal:
         if length > MAX_RECORD_PAYLOAD_BYTES or pos.offset + RECORD_HEADER_BYTES + length > seg.size:
             raise WalCorruption(f"record length {length} invalid", seg.path, pos.offset)
         buf = head + os.pread(fd, length, pos.offset + RECORD_HEADER_BYTES)
-        rtype, _, payload, why = _check_record_at(buf, 0, seg.path)
+        rtype, _, payload, why = check_record_at(buf, 0)
         if not rtype:
             raise WalCorruption(why, seg.path, pos.offset)
         return RecordType(rtype), payload
@@ -728,6 +731,7 @@ class Wal:
             if self._unsynced_bytes and self.options.fsync is not FsyncPolicy.NEVER:
                 _fdatasync(self._fd)
                 self._unsynced_bytes = 0
+                self._synced_end = self._segments[-1].size
         finally:
             self.closed = True
             self._release_fds()

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xraft.node.runtime.wal import (
+    BATCH_HEADER_BYTES,
     MAX_ZERO_AHEAD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
@@ -22,6 +23,7 @@ from xraft.node.runtime.wal import (
     WalLocked,
     WalOptions,
     WalRecordTooLarge,
+    batch_header_at,
     encode_record,
 )
 
@@ -68,7 +70,7 @@ def test_round_trip_and_positions(tmp_path):
     wal, got, seen = open_wal(tmp_path / "w")
     assert got == recs
     assert [RecordPos(r.seq, r.offset) for r in seen] == positions
-    assert positions[0] == RecordPos(1, SEGMENT_HEADER_BYTES)
+    assert positions[0] == RecordPos(1, SEGMENT_HEADER_BYTES + BATCH_HEADER_BYTES)
     for pos, rec in zip(positions, recs):
         assert wal.read_record(pos) == rec
     wal.close()
@@ -83,7 +85,7 @@ def test_append_only_buffers_until_sync(tmp_path):
     assert os.path.getsize(seg) == before  # group commit: nothing written yet
     assert wal.read_record(pos[2]) == sample_records(5)[2]  # readable from the buffer
     assert wal.sync() is True
-    assert wal.active_segment_size() == before + framed_size(sample_records(5))
+    assert wal.active_segment_size() == before + BATCH_HEADER_BYTES + framed_size(sample_records(5))
     assert os.path.getsize(seg) == ZERO_AHEAD_BYTES  # zeros written ahead in the same write
     wal.close()
 
@@ -135,28 +137,36 @@ def test_second_open_is_refused_while_locked(tmp_path):
     open_wal(tmp_path)[0].close()
 
 
-def test_torn_tail_cut_at_every_byte_of_last_record(tmp_path):
+def record_end(pos, rec):
+    return pos.offset + len(encode_record(*rec))
+
+
+def test_torn_tail_cut_at_every_byte_of_last_batch(tmp_path):
     recs = sample_records(6)
-    positions = write_records(tmp_path / "base", recs)
+    wal, _, _ = open_wal(tmp_path / "base")
+    wal.append(recs[:-1])
+    wal.sync()
+    batch_start = wal.active_segment_size()  # the last batch: one record after its header
+    last_pos = wal.append(recs[-1:])[0]
+    wal.sync()
+    wal.close()
     seg_name = os.path.basename(only_segment(tmp_path / "base"))
-    last_off = positions[-1].offset
-    last = encode_record(*recs[-1])
-    size = last_off + len(last)  # the logical end; zeros follow it
-    for cut in range(last_off, size):
+    size = record_end(last_pos, recs[-1])  # the logical end; zeros follow it
+    last_batch = (tmp_path / "base" / seg_name).read_bytes()[:size]
+    for cut in range(batch_start, size):
         d = tmp_path / f"cut{cut}"
         shutil.copytree(tmp_path / "base", d)
         os.truncate(d / seg_name, cut)
         wal, got, _ = open_wal(d)
         assert got == recs[:-1], cut
-        if not any(last[:cut - last_off]):
-            # A clean record boundary, or only the length's high zero bytes landed: that is
-            # zero-filled space, the clean end of the records. Nothing to repair; the next
-            # write goes at last_off over those zeros.
+        if not any(last_batch[batch_start:cut]):
+            # A clean batch boundary (or only the zero gap before a header): zero-filled
+            # space, the clean end. Nothing to repair; the next write goes over those zeros.
             assert wal.repaired is None and os.path.getsize(d / seg_name) == cut
         else:
-            assert wal.repaired.offset == last_off and wal.repaired.dropped_bytes == cut - last_off
-            assert os.path.getsize(d / seg_name) == last_off
-        assert wal.active_segment_size() == last_off
+            assert wal.repaired.offset == batch_start and wal.repaired.dropped_bytes == cut - batch_start
+            assert os.path.getsize(d / seg_name) == batch_start
+        assert wal.active_segment_size() == batch_start
         # The WAL continues after the repair.
         wal.append([(RecordType.HARD_STATE, b"after repair")])
         wal.sync()
@@ -166,26 +176,28 @@ def test_torn_tail_cut_at_every_byte_of_last_record(tmp_path):
         shutil.rmtree(d)
 
 
-def test_crc_failing_last_record_is_torn_and_zero_tail_is_clean(tmp_path, caplog):
+def test_zero_tail_after_a_torn_tail_repair_is_the_clean_end(tmp_path, caplog):
     recs = sample_records(4)
-    positions = write_records(tmp_path, recs)
-    seg = only_segment(tmp_path)
-    with open(seg, "r+b") as f:  # flip a payload bit of the last record
-        f.seek(positions[-1].offset + RECORD_HEADER_BYTES + 3)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes((b[0] ^ 0x10,)))
-    wal, got, _ = open_wal(tmp_path)
-    assert got == recs[:-1] and wal.repaired.offset == positions[-1].offset
+    wal, _, _ = open_wal(tmp_path)
+    wal.append(recs)
+    wal.sync()
+    batch_start = wal.active_segment_size()
+    pos = wal.append([(RecordType.ENTRIES, b"x" * 2000)])[0]  # spans sectors
+    wal.sync()
     wal.close()
-    assert os.path.getsize(seg) == positions[-1].offset  # the zeros after it went too
+    seg = only_segment(tmp_path)
+    os.truncate(seg, pos.offset + 1000)  # the write's end never landed (size not extended)
+    wal, got, _ = open_wal(tmp_path)
+    assert got == recs and wal.repaired.offset == batch_start
+    wal.close()
+    assert os.path.getsize(seg) == batch_start
     with open(seg, "ab") as f:  # zeros written ahead (or a size extension whose blocks never landed)
         f.write(bytes(5000))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="xraft.wal"):
         wal, got, _ = open_wal(tmp_path)
-    assert got == recs[:-1] and wal.repaired is None and not caplog.records
-    assert os.path.getsize(seg) == positions[-1].offset + 5000  # kept: writes overwrite them
+    assert got == recs and wal.repaired is None and not caplog.records
+    assert os.path.getsize(seg) == batch_start + 5000  # kept: writes overwrite them
     wal.close()
 
 
@@ -281,7 +293,7 @@ def test_rotation_prologue_and_release(tmp_path):
     wal, got, seen = open_wal(tmp_path, opts, segment_start=start)
     entries = [p for t, p in got if t == RecordType.ENTRIES]
     assert [int(p.split(b":")[0]) for p in entries] == list(range(1, 41))
-    heads = [r.payload for r in seen if r.offset == SEGMENT_HEADER_BYTES]
+    heads = [r.payload for r in seen if r.offset == SEGMENT_HEADER_BYTES + BATCH_HEADER_BYTES]
     assert heads[0] == b"prologue@0" and all(h.startswith(b"prologue@") for h in heads)
     # Release up to index 20: only segments whose successor starts at <= 21 go.
     deleted = wal.release_to(20)
@@ -324,7 +336,7 @@ def test_active_segment_is_written_ahead_into_zeros_and_reopens_exactly(tmp_path
         positions += wal.append(recs[k:k + 3])
         assert wal.sync() is True
     logical = wal.active_segment_size()
-    assert logical == SEGMENT_HEADER_BYTES + framed_size(recs)
+    assert logical == record_end(positions[-1], recs[-1])
     assert os.path.getsize(seg) == ZERO_AHEAD_BYTES > logical
     assert tail_after(seg, logical) == bytes(ZERO_AHEAD_BYTES - logical)
     wal.close()
@@ -336,7 +348,8 @@ def test_active_segment_is_written_ahead_into_zeros_and_reopens_exactly(tmp_path
     assert wal.active_segment_size() == logical and os.path.getsize(seg) == ZERO_AHEAD_BYTES
     more = [(RecordType.ENTRIES, b"after reopen %d" % i) for i in range(5)]
     more_pos = wal.append(more)
-    assert more_pos[0] == RecordPos(1, logical)  # continues at the logical end, not the file's
+    # The next batch continues at the logical end, not the file's.
+    assert more_pos[0] == RecordPos(1, batch_header_at(logical) + BATCH_HEADER_BYTES)
     assert wal.sync() is True
     assert os.path.getsize(seg) == ZERO_AHEAD_BYTES  # overwrote zeros: no size change
     for pos, rec in zip(positions + more_pos, recs + more):
@@ -406,51 +419,6 @@ def test_zero_tail_on_a_non_last_segment_is_its_clean_end(tmp_path, caplog):
     wal.sync()
     wal.close()
     assert open_wal(tmp_path, opts)[1] == recs + [(RecordType.HARD_STATE, b"later")]
-
-
-def test_torn_record_inside_the_zero_filled_region(tmp_path, caplog):
-    recs = sample_records(6)
-    write_records(tmp_path / "base", recs)
-    seg_name = os.path.basename(only_segment(tmp_path / "base"))
-    logical = SEGMENT_HEADER_BYTES + framed_size(recs)
-    physical = os.path.getsize(tmp_path / "base" / seg_name)
-    assert physical > logical + 1000
-    torn = encode_record(RecordType.ENTRIES, bytes(range(1, 201)))[:RECORD_HEADER_BYTES + 100]
-    valid = encode_record(RecordType.HARD_STATE, b"landed after the damage")
-
-    def damaged(name, writes):
-        d = tmp_path / name
-        shutil.copytree(tmp_path / "base", d)
-        with open(d / seg_name, "r+b") as f:
-            for off, data in writes:
-                f.seek(off)
-                f.write(data)
-        assert os.path.getsize(d / seg_name) == physical  # zeros still after the damage
-        return d
-
-    # Header + half a payload, zeros after it: the last sync's write, torn.
-    d = damaged("torn", [(logical, torn)])
-    with caplog.at_level(logging.WARNING, logger="xraft.wal"):
-        wal, got, _ = open_wal(d)
-    assert got == recs and "torn tail" in caplog.text
-    assert wal.repaired.offset == logical and wal.repaired.dropped_bytes == physical - logical
-    assert os.path.getsize(d / seg_name) == logical
-    pos = wal.append([(RecordType.HARD_STATE, b"after repair")])
-    assert pos == [RecordPos(1, logical)]
-    wal.sync()
-    wal.close()
-    assert open_wal(d)[1] == recs + [(RecordType.HARD_STATE, b"after repair")]
-
-    # A valid record after the damage, right after it or further into the zeros: corruption.
-    for name, writes in (("next", [(logical, torn), (logical + len(torn), valid)]),
-                         ("far", [(logical, torn), (logical + 4000, valid)]),
-                         ("zeros-then-valid", [(logical + 512, valid)])):
-        d = damaged(name, writes)
-        pristine = (d / seg_name).read_bytes()
-        with pytest.raises(WalCorruption, match="a valid record follows") as info:
-            open_wal(d)
-        assert info.value.offset == logical, name
-        assert (d / seg_name).read_bytes() == pristine  # never "repaired"
 
 
 def check_segment_files(wal):
