@@ -7,7 +7,7 @@ Environment XRAFT_TEST_CRASH chooses the failpoint, armed only around create_sna
     OP:N             SIGKILL this process right after the N-th call (1-based) of os.OP
 
 OP is one of the durable-write steps of a snapshot: write (snapshot .tmp bytes), fsync
-(.tmp file, snapshot dir), rename (.tmp -> .snap), pwrite (WAL records), fdatasync (WAL),
+(.tmp file, snapshot dir), rename (.tmp -> .snap), pwrite or pwritev (WAL records), fdatasync (WAL),
 unlink (pruned snapshots, released WAL segments). The storage runs on real files with the
 real os calls; the failpoint only adds the kill, so whatever reached the kernel stays.
 
@@ -29,7 +29,7 @@ from xraft.node.raft.types import ConfState, Entry, HardState, Snapshot, Snapsho
 from xraft.node.runtime.disk_storage import DiskStorage, DiskStorageOptions
 from xraft.node.runtime.wal import FsyncPolicy, WalOptions
 
-OPS = ("write", "fsync", "rename", "pwrite", "fdatasync", "unlink")
+OPS = ("write", "fsync", "rename", "pwrite", "pwritev", "fdatasync", "unlink")
 TERM = 2
 LAST = 240  # entries 1..LAST are durable before the snapshot
 SNAP_AT = 200  # commit index (buffered) and snapshot index
