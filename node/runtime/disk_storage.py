@@ -139,6 +139,9 @@ class DiskStorage:
         self.options = options
         self._hs = HardState()  # latest hard state given to save()
         self._hs_logged = HardState()  # latest hard state appended to the WAL
+        # Invariant: True while a (term, vote) change is appended but not yet fsynced; sync()
+        # then fsyncs at once even under fsync=batch (see sync()).
+        self._vote_unsynced = False
         self._off = 0  # compaction point: index of the dummy entry. Invariant: <= snapshot index
         self._off_term = 0  # term of the dummy entry
         # Live entries start .. start+len-1. Invariant (outside replay): start == _off + 1.
@@ -457,6 +460,8 @@ class DiskStorage:
                     self._apply_entries(list(chunk), pos, replaying=False)
                     self._cache_put((pos.seq, pos.offset), tuple(chunk))
         if hard_state is not None and hard_state != self._hs_logged:
+            if (hard_state.term, hard_state.vote) != (self._hs_logged.term, self._hs_logged.vote):
+                self._vote_unsynced = True
             self._wal.append([(RecordType.HARD_STATE, encode_hard_state(hard_state))])
             self._hs_logged = hard_state
         if hard_state is not None:
@@ -534,7 +539,13 @@ class DiskStorage:
         on stable storage (or at once under fsync=never, which promises nothing).
         """
         self._check_open()
-        synced = self._wal.sync(now_ms)
+        # A vote (or term) change is fsynced at once, even under fsync=batch: it must be on
+        # stable storage before the message granting or claiming it leaves, or a power cut that
+        # forgot a granted vote could let one term elect two leaders. Votes are rare, so batch
+        # mode loses nothing measurable. (fsync=never still never syncs: it promises nothing.)
+        synced = self._wal.sync(now_ms, force=self._vote_unsynced)
+        if synced or self.options.wal.fsync is FsyncPolicy.NEVER:
+            self._vote_unsynced = False
         self._fsync_deferred = not synced and self.options.wal.fsync is FsyncPolicy.BATCH
         if self._release_to is not None and (synced or self.options.wal.fsync is FsyncPolicy.NEVER):
             self._wal.release_to(self._release_to)

@@ -607,11 +607,12 @@ class Wal:
         self._pending_bytes += adding
         return pos
 
-    def sync(self, now_ms: Optional[int] = None) -> bool:
+    def sync(self, now_ms: Optional[int] = None, force: bool = False) -> bool:
         """Write everything buffered (one write) and fdatasync per policy (at most one).
 
         Returns True if everything appended so far is now on stable storage.
-        `now_ms` is the caller's clock, used by FsyncPolicy.BATCH (None: fsync now).
+        `now_ms` is the caller's clock, used by FsyncPolicy.BATCH (None: fsync now);
+        `force` fsyncs now under BATCH too, still starting the interval at now_ms.
         """
         self._check_open()
         if self._pending:
@@ -635,7 +636,7 @@ class Wal:
             self._pending_bytes = 0
         policy = self.options.fsync
         if self._unsynced_bytes and policy is not FsyncPolicy.NEVER:
-            due = (policy is FsyncPolicy.ALWAYS or now_ms is None
+            due = (policy is FsyncPolicy.ALWAYS or now_ms is None or force
                    or self._unsynced_bytes >= self.options.batch_bytes
                    or self._last_fsync_ms is None
                    or now_ms - self._last_fsync_ms >= self.options.batch_interval_ms)

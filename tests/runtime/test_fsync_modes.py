@@ -133,3 +133,25 @@ def test_every_mode_keeps_acknowledged_writes_across_a_clean_restart(tmp_path, m
         finally:
             await c2.close()
     run(main())
+
+
+def test_batch_still_fsyncs_a_vote_before_it_is_acknowledged(tmp_path, monkeypatch):
+    """fsync=batch defers log writes, never a (term, vote) change: a granted vote forgotten by a
+    power cut could elect two leaders in one term. Entries and commit-only changes still wait."""
+    from xraft.node.raft.types import Entry, HardState
+    from xraft.node.runtime.disk_storage import DiskStorage
+
+    wal = WalOptions(fsync=FsyncPolicy.BATCH, batch_interval_ms=INTERVAL_MS, batch_bytes=1 << 30)
+    st = DiskStorage.open(str(tmp_path), DiskStorageOptions(wal=wal))
+    st.save(HardState(1, 0, 0), [Entry(1, 1, data=b"a")])
+    st.sync(0)
+    counts = Counts(monkeypatch)
+    st.save(None, [Entry(1, 2, data=b"b")])
+    assert not st.sync(10) and counts.fdatasync == 0  # an entry inside the interval: deferred
+    st.save(HardState(1, 0, 2), ())
+    assert not st.sync(20) and counts.fdatasync == 0  # commit only: deferred
+    st.save(HardState(2, 3, 2), ())
+    assert st.sync(30) and counts.fdatasync == 1  # a new term and vote: synced at once
+    st.save(HardState(2, 3, 2), [Entry(2, 3, data=b"c")])
+    assert not st.sync(40) and counts.fdatasync == 1  # the same vote again: deferred as before
+    st.close()
