@@ -26,6 +26,9 @@ Derived (not in the snapshot, a function of the three):
 
 Guarantees and their limits:
   * a retry of a request still in its client's window gets the original result;
+  * a consuming attempt that served nothing (fsm/blocking.may_run_again: a
+    blocked client's attempts all carry its one id) runs again under its id,
+    and its new result replaces the empty one (record(again=True));
   * a retry of a request that fell out of the window (seq <= floor) gets
     StaleRequest and changes nothing: never applied twice;
   * a client evicted as least recently used is forgotten with its floor: a
@@ -97,6 +100,12 @@ class _Client:
         self.nbytes = 0                      # Invariant: sum of len(results values)
         self.big = deque()                   # seqs whose result is _demotable, in apply order
 
+    def forget(self, seq: int) -> None:
+        """Drop seq's result (an empty one that is about to be replaced)."""
+        raw = self.results.pop(seq)
+        invariant(len(raw) <= _SMALLEST_MARKER, "only an empty result is replaced (never in big)")
+        self.nbytes -= len(raw)
+
     def add(self, client_id: int, seq: int, raw: bytes) -> None:
         self.results[seq] = raw
         self.nbytes += len(raw)
@@ -138,13 +147,17 @@ class Sessions:
             return True, StaleRequest(client_id, seq)
         return False, None
 
-    def record(self, client_id: int, seq: int, result) -> None:
-        """Remember the result of a request just applied; evict over the bounds."""
+    def record(self, client_id: int, seq: int, result, again: bool = False) -> None:
+        """Remember the result of a request just applied; evict over the bounds.
+        again=True: an attempt that ran again (fsm/blocking.may_run_again)
+        replaces the empty result its id recorded, and moves to the end."""
         invariant(client_id > 0 and seq > 0, "anonymous requests have no session")
         client = self.clients.get(client_id)
         if client is None:
             client = self.clients[client_id] = _Client()
         self.clients.move_to_end(client_id)
+        if again:
+            client.forget(seq)
         invariant(seq not in client.results and seq > client.floor, "a request recorded twice")
         raw = encode_result(result)
         if len(raw) > self.max_result_bytes:
