@@ -79,3 +79,26 @@ def test_the_sdk_gets_a_final_error_for_an_oversized_xadd_and_two_5mib_xadds_suc
                 await server.stop(None)
             await c.close()
     run(main())
+
+
+def test_resp_gets_an_err_reply_naming_the_limit_for_an_oversized_xadd(tmp_path, run):
+    async def main():
+        from xraft.node.server.resp import encode_command
+        from xraft.node.server.resp_server import RespServer
+        c = await Cluster(tmp_path).start()
+        server = None
+        try:
+            leader = await c.writable_leader()
+            server = await RespServer(leader, "127.0.0.1", 0).start()
+            r, w = await asyncio.open_connection("127.0.0.1", server.port)
+            w.write(encode_command([b"XADD", b"s", b"*", b"f", b"x" * (9 * MIB)]))
+            w.write(encode_command([b"XLEN", b"s"]))
+            line = await r.readline()
+            assert line.startswith(b"-ERR ") and b"max_proposal_bytes %d" % (8 * MIB) in line
+            assert await r.readline() == b":0\r\n"              # nothing applied, connection still usable
+            w.close()
+        finally:
+            if server is not None:
+                await server.close()
+            await c.close()
+    run(main())
