@@ -23,6 +23,19 @@ request id fell out of the window; the server cannot tell) and
 ReplyNotKeptError (applied, reply too large to keep). WriteDeadlineError
 (the deadline passed after sending) is final too.
 
+Blocking writes (blpop, brpop, blmpop, lmove/brpoplpush with block_ms,
+xreadgroup with block_ms): every attempt the server makes for the call (the
+first and each wake-up retry) carries the call's request id, and an attempt
+that served nothing may run again under it (node/fsm/blocking.py
+may_run_again), so the one attempt that pops or delivers is deduplicated: a
+resend after a failover gets that element, never a second one, and never
+leaves one popped for nobody. What the SDK cannot settle is raised as an
+UnknownOutcomeError subclass, never as "nothing arrived": WriteDeadlineError
+(the deadline passed after an attempt was sent), ReplyNotKeptError (an
+XREADGROUP served with a reply too large for the server to keep: the
+entries are in this consumer's PEL, read them back with ID 0), or
+UnknownOutcomeError with request_ids=False.
+
 The dedup window: the server keeps the last DEDUP_WINDOW (1024) results per
 client id (node/fsm/sessions.py DEFAULT_RESULTS_PER_CLIENT; a test compares
 the two). The SDK issues request ids so that every id in flight is below

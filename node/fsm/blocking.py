@@ -68,6 +68,27 @@ def is_blocking_form(argv) -> bool:
     return False
 
 
+# Attempts that may run again under the same request id. A blocked client's
+# attempts (the first, every wake-up retry, and the SDK's resend of the whole
+# call after a failover) all carry the call's one request id, so the attempt
+# that serves is deduplicated like any write: a later attempt gets the element
+# it popped instead of popping another (or popping one nobody is told about).
+# An attempt that served nothing recorded the proposed form's empty reply, and
+# such an attempt changed no data (LPOP/RPOP/LMPOP/LMOVE/RPOPLPUSH of nothing;
+# XREADGROUP ">" that delivered nothing), so running it again under that id is
+# as if the empty attempt had never happened: the call's one effect is the
+# attempt that serves. Applies to the plain forms with a request id too, for
+# the same reason. Decided from the log alone (the request's argv and the
+# recorded result): every replica decides alike.
+_RERUNNABLE = frozenset((b"lpop", b"rpop", b"lmpop", b"lmove", b"rpoplpush", b"xreadgroup"))
+
+
+def may_run_again(argv, recorded) -> bool:
+    """Whether a request whose id already recorded `recorded` runs again (see above)."""
+    return ((recorded is None or recorded is NULL_ARRAY) and bool(argv)
+            and bytes(argv[0]).lower() in _RERUNNABLE)
+
+
 # Inside MULTI nothing blocks: redis replies at once, and for BLMOVE/BRPOPLPUSH
 # with a null bulk (addReplyNull in blmoveGenericCommand), not with the null
 # array a timed-out blocked client gets. Checked against redis 7.0.15.

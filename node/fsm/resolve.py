@@ -196,8 +196,10 @@ def resolve_command(client_id: int, seq: int, argv) -> Resolved:
 
 
 def retry_request(plan: BlockingPlan, client_id: int, seq: int) -> Request:
-    """The request a parked client proposes when one of its keys is ready. A
-    retry is a new request (new seq): the earlier attempt served nothing."""
+    """The request a parked client proposes when one of its keys is ready,
+    under the blocked call's own request id (0, 0 for an anonymous call):
+    the earlier attempts served nothing, so the id runs again
+    (blocking.may_run_again), and the attempt that serves is deduplicated."""
     request = Request.command(client_id, seq, plan.retry_argv)
     request_size(request)
     return request

@@ -61,6 +61,9 @@ Derived (not in the snapshot, a function of the bounds):
 
 Guarantees and their limits:
   * a retry of a request still in its client's window gets the original result;
+  * a consuming attempt that served nothing (fsm/blocking.may_run_again: a
+    blocked client's attempts all carry its one id) runs again under its id,
+    and its new result replaces the empty one (record(again=True));
   * a retry of a request that fell out of the window (seq <= floor) gets
     StaleRequest and changes nothing: never applied twice;
   * a retry from a client whose session expired gets SessionExpired and
@@ -147,6 +150,12 @@ class _Client:
         self.nbytes = 0                      # Invariant: sum of len(results values)
         self.big = deque()                   # seqs whose result is _demotable, in apply order
 
+    def forget(self, seq: int) -> None:
+        """Drop seq's result (an empty one that is about to be replaced)."""
+        raw = self.results.pop(seq)
+        invariant(len(raw) <= _SMALLEST_MARKER, "only an empty result is replaced (never in big)")
+        self.nbytes -= len(raw)
+
     def add(self, client_id: int, seq: int, raw: bytes) -> None:
         self.results[seq] = raw
         self.nbytes += len(raw)
@@ -225,11 +234,15 @@ class Sessions:
             return True, StaleRequest(client_id, seq)
         return False, None
 
-    def record(self, client_id: int, seq: int, result) -> None:
-        """Remember the result of a request just applied (lookup said new)."""
+    def record(self, client_id: int, seq: int, result, again: bool = False) -> None:
+        """Remember the result of a request just applied (lookup said new, or
+        again=True: an attempt that ran again (fsm/blocking.may_run_again)
+        replaces the empty result its id recorded, at the end of the order)."""
         invariant(client_id > 0 and seq > 0, "anonymous requests have no session")
         client = self.clients.get(client_id)
         invariant(client is not None, "a request recorded without a session")
+        if again:
+            client.forget(seq)
         invariant(seq not in client.results and seq > client.floor, "a request recorded twice")
         raw = encode_result(result)
         if len(raw) > self.max_result_bytes:

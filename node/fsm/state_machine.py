@@ -48,7 +48,7 @@ from ..engine.keyspace import EngineConfig, Keyspace
 from ..engine.replies import OK, WouldBlock
 from ..invariant import invariant
 from ..raft.types import EntryType
-from .blocking import is_blocking_form, reply_in_multi
+from .blocking import is_blocking_form, may_run_again, reply_in_multi
 from .config_set import apply_config_set
 from .entry import MAX_NOW_MS, Kind, decode_record
 from .errors import BlockingFormInLog, CorruptSnapshot, ExecAbort, NotARead
@@ -138,7 +138,7 @@ class StateMachine:
             return OK if err is None else err
         if req.client_id:
             seen, result = self.sessions.lookup(req.client_id, req.seq, now)
-            if seen:
+            if seen and not (req.kind == Kind.COMMAND and may_run_again(req.argv, result)):
                 return result                     # a retry: the first attempt's result
             want_results = True                   # the sessions keep it
         if req.kind == Kind.COMMAND:
@@ -154,7 +154,7 @@ class StateMachine:
             invariant(req.kind == Kind.NOOP, "unknown request kind")
             return None
         if req.client_id:
-            self.sessions.record(req.client_id, req.seq, result)
+            self.sessions.record(req.client_id, req.seq, result, again=seen)
         return result
 
     def _apply_command(self, argv, now: int, want_result: bool = True):

@@ -39,6 +39,7 @@ from typing import Callable, Optional, Sequence
 from ..engine.keyspace import EngineConfig
 from ..engine.slots import SLOT_COUNT
 from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, RECORD_OVERHEAD, encode_record, request_size
+from ..fsm.errors import EntryTooLarge
 from ..fsm.resolve import TimeStamper
 from ..fsm.state_machine import StateMachine
 from .wire_errors import not_leader_message, unavailable_message, unknown_outcome_message
@@ -77,6 +78,21 @@ class Unavailable(BackendError):
 
 
 # -- topology ---------------------------------------------------------------------
+
+def check_fits_record(requests, max_record_bytes: int) -> int:
+    """The bytes `requests` take in a record (one submit: never split). Raises
+    EntryTooLarge, a command error (non-retriable on every wire: the same
+    request can never fit), for a submit no record the group accepts can
+    hold: `max_record_bytes` is the limit the packer applies (RaftBackend:
+    the driver's max_proposal_bytes), so a refused record is never built."""
+    size = sum(request_size(r) for r in requests)     # EntryTooLarge for the codec's limits
+    if len(requests) > MAX_REQUESTS:
+        raise EntryTooLarge("ERR xraft: %d requests in one write (limit %d)" % (len(requests), MAX_REQUESTS))
+    if size + RECORD_OVERHEAD > max_record_bytes:
+        raise EntryTooLarge("ERR xraft: request of %d bytes exceeds the maximum proposal size "
+                            "(max_proposal_bytes %d)" % (size + RECORD_OVERHEAD, max_record_bytes))
+    return size
+
 
 def record_end(pending, i: int, max_requests: int = MAX_REQUESTS, max_bytes: int = MAX_RECORD_BYTES) -> int:
     """Where the record that starts at pending[i] ends (exclusive): as many whole submits
@@ -308,9 +324,7 @@ class LocalBackend(Backend):
             raise Unavailable("shutting down")
         if not self._leader:
             raise NotLeader(self._leader_address)
-        size = sum(request_size(r) for r in requests)     # EntryTooLarge for one oversized request
-        if len(requests) > MAX_REQUESTS or size + RECORD_OVERHEAD > MAX_RECORD_BYTES:
-            raise Unavailable("batch larger than one record")
+        size = check_fits_record(requests, MAX_RECORD_BYTES)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._pending.append((requests, size, fut))

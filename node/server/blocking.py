@@ -206,7 +206,10 @@ async def run_blocking_write(backend, registry: BlockingRegistry, resolved, owne
                 return reply
             if not await w.wait():
                 return plan.timeout_reply
-            result = (await backend.submit([retry_request(plan, 0, 0)]))[0]
+            # The call's own request id: an attempt that pops is deduplicated, so a
+            # resend after a lost reply gets its element (fsm/blocking.may_run_again).
+            req = resolved.request
+            result = (await backend.submit([retry_request(plan, req.client_id, req.seq)]))[0]
     finally:
         registry.unregister(w)
 

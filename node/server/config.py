@@ -87,6 +87,7 @@ class NodeConfig:
     tick_ms: int = 100
     election_ticks: int = 10
     snapshot_entries: int = 10_000
+    client_memory_bytes: int = 1 << 30         # node-wide bytes of client requests (server/client_memory.py)
     log_level: str = "warning"
     log_json: bool = False
 
@@ -151,6 +152,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tick-ms", type=int, help="Raft tick interval (default 100)")
     p.add_argument("--election-ticks", type=int, help="ticks without a leader before an election (default 10)")
     p.add_argument("--snapshot-entries", type=int, help="applied entries between snapshots (default 10000)")
+    p.add_argument("--client-memory-bytes", type=int,
+                   help="bytes of client requests held at once, node-wide (default 1 GiB): RESP stops "
+                        "reading, gRPC answers BUSY (retriable) beyond it")
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default warning: quiet")
     p.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     return p
@@ -226,6 +230,7 @@ def build(values: dict) -> NodeConfig:
     # Heartbeats go every tick; an election timeout of one tick would elect on every hiccup.
     v["election_ticks"] = _int(v["election_ticks"], "election-ticks", 3, 10_000)
     v["snapshot_entries"] = _int(v["snapshot_entries"], "snapshot-entries", 1, 1 << 40)
+    v["client_memory_bytes"] = _int(v["client_memory_bytes"], "client-memory-bytes", 1 << 20, 1 << 50)
     tls = [v.get(k) for k in ("tls_cert", "tls_key", "tls_ca")]
     if any(tls) and not all(tls):
         raise ConfigError("--tls-cert, --tls-key and --tls-ca go together")

@@ -66,6 +66,7 @@ from . import grpc_convert as cv
 from . import grpc_streams
 from .backend import BackendError, NotLeader, UnknownOutcome
 from .blocking import BlockingRegistry, run_blocking_read, run_blocking_write
+from .client_memory import ClientMemory
 from .cluster_cmds import cluster_command
 from .info import SERVER_COMMANDS, command_command, info_text
 from .wire_errors import noauth_message, timeout_message, unknown_outcome_message, wire_for_message
@@ -85,6 +86,14 @@ class Timeout(BackendError):
 
     def __init__(self):
         super().__init__(timeout_message())
+
+
+class NoClientMemory(BackendError):
+    """The request does not fit the node's client memory now (client_memory.py): nothing was done."""
+
+    def __init__(self, size: int, memory):
+        super().__init__("BUSY xraft: client memory limit reached (a request of %d bytes, %d of %d bytes "
+                         "in use); retry later" % (size, memory.used, memory.limit))
 
 
 class Unauthenticated(BackendError):
@@ -135,11 +144,15 @@ def _opt(msg, name):
 
 class XRaftService(pb_grpc.XRaftServicer):
     def __init__(self, backend, *, registry: BlockingRegistry | None = None, token: str | None = None,
-                 grpc_address_of=None, info_server=None):
+                 grpc_address_of=None, info_server=None, client_memory: ClientMemory | None = None):
         """`grpc_address_of(addr)`: the gRPC address of the node whose RESP
         address the backend names as leader (identity by default).
         `info_server`: the node's RespServer, whose figures INFO reports."""
         self.backend = backend
+        # Node-wide bytes of client requests (client_memory.py): the RESP server's, when there is one.
+        if client_memory is None:
+            client_memory = getattr(info_server, "client_memory", None) or ClientMemory()
+        self.client_memory = client_memory
         self._token = token
         self._grpc_address_of = grpc_address_of or (lambda a: a)
         if registry is None:              # a shared registry is already wired by its owner
@@ -219,13 +232,23 @@ class XRaftService(pb_grpc.XRaftServicer):
     async def _handle(self, request, context, body):
         """Run one unary RPC: body(call) -> response; any failure -> status."""
         call = None
+        held = 0
+        memory = self.client_memory
         try:
             call = self._begin(request.options, context)
+            size = request.ByteSize()
+            if not memory.take(size):
+                memory.refused += 1
+                raise NoClientMemory(size, memory)
+            held = size
             return await body(call)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - every failure becomes a status, the unforeseen ones too
             await self._abort(context, e, call)
+        finally:
+            if held:
+                memory.give_back(held)
 
     # -- the command paths ----------------------------------------------------------------
 
@@ -579,14 +602,15 @@ def _ok(result):
 
 async def start_server(backend, address: str = "127.0.0.1:0", *, token: str | None = None,
                        grpc_address_of=None, registry: BlockingRegistry | None = None,
-                       max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS):
+                       max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS, client_memory: ClientMemory | None = None):
     """A started grpc.aio server with XRaft, health checking and reflection.
     Returns (server, port, service); stop it with `await server.stop(grace)`."""
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
         maximum_concurrent_rpcs=max_concurrent_rpcs)
-    service = XRaftService(backend, token=token, grpc_address_of=grpc_address_of, registry=registry)
+    service = XRaftService(backend, token=token, grpc_address_of=grpc_address_of, registry=registry,
+                           client_memory=client_memory)
     pb_grpc.add_XRaftServicer_to_server(service, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -59,6 +59,7 @@ from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
 from . import logging_setup
 from .backend import split_address
+from .client_memory import ClientMemory
 from .config import ConfigError, NodeConfig, parse_args
 from .data_dir import DataDir, StartError, open_data_dir
 from .grpc_service import XRaftService
@@ -160,7 +161,9 @@ class Node:
 
         host, port = split_address(cfg.resp)
         # Built (not started) before the gRPC service: INFO over gRPC reports its figures.
-        self.resp = RespServer(self.backend, host.strip("[]"), port, requirepass=cfg.requirepass)
+        # One client-memory budget for both front ends (the gRPC service takes the RESP server's).
+        self.resp = RespServer(self.backend, host.strip("[]"), port, requirepass=cfg.requirepass,
+                               client_memory=ClientMemory(cfg.client_memory_bytes))
         grpc_of_resp = {a.resp: a.grpc for a in addresses.values() if a.resp}
         server = grpc.aio.server(options=server_options(transport.limits))
         client_pb2_grpc.add_XRaftServicer_to_server(

@@ -31,7 +31,10 @@ driver's on_idle hook (its storage job ended; called before the node loop
 pumps the group again, so the record goes into that very pump's Ready), the
 driver reporting the append (on_change), or a record resolving
 (_proposal_ended). Bounded: a full record (MAX_REQUESTS requests or
-MAX_RECORD_BYTES) is proposed at once whatever the gate says, and
+max_record_bytes: the driver's max_proposal_bytes, so the packer never builds
+a record the driver refuses; one submit larger than that is refused at once
+with a non-retriable EntryTooLarge naming the limit) is proposed at once
+whatever the gate says, and
 max_pending_requests bounds what waits. An idle leader flushes on the next
 loop iteration (a lone write does not wait).
 A record is queued in the driver synchronously (propose_nowait, then kick:
@@ -85,13 +88,13 @@ from typing import Callable, Optional, Sequence
 
 from ..engine.keyspace import EngineConfig
 from ..engine.slots import SLOT_COUNT
-from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, RECORD_OVERHEAD, encode_record, request_size
+from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, encode_record
 from ..fsm.resolve import TimeStamper
 from ..fsm.state_machine import StateMachine
 from ..invariant import invariant
 from ..raft.types import StateRole
 from ..runtime import raft_driver as drv
-from .backend import (Backend, NodeInfo, NotLeader, Shard, Unavailable, UnknownOutcome,
+from .backend import (Backend, NodeInfo, NotLeader, Shard, Unavailable, UnknownOutcome, check_fits_record,
                       cluster_node_id, record_end, settle_submits, split_address)
 from .config import NodeAddresses
 
@@ -204,6 +207,9 @@ class RaftBackend(Backend):
         # Group commit gate: at most this many records proposed and not yet applied; what
         # arrives meanwhile gathers into the next record (a full record still goes at once).
         self.max_records_in_flight = max_records_in_flight
+        # Invariant: every record proposed is <= max_record_bytes <= the driver's
+        # max_proposal_bytes (set by attach(); submit refuses a larger submit).
+        self.max_record_bytes = MAX_RECORD_BYTES
         self._ready_listeners: list = []
         self._role_listeners: list = []
         self._failure_listeners: list = []
@@ -231,6 +237,9 @@ class RaftBackend(Backend):
     def attach(self, driver: drv.GroupDriver) -> None:
         invariant(self.driver is None, "attach() once")
         self.driver = driver
+        # One limit for packing and proposing: a record is never larger than what
+        # the driver accepts (propose_nowait refuses more with ProposalDropped).
+        self.max_record_bytes = min(MAX_RECORD_BYTES, driver.options.max_proposal_bytes)
         self.machine.on_restored = self._on_restored
         driver.on_change = self._on_change
         driver.on_idle = self._on_storage_free
@@ -540,9 +549,7 @@ class RaftBackend(Backend):
         if not requests:
             return []
         self._check_open()
-        size = sum(request_size(r) for r in requests)     # EntryTooLarge for one oversized request
-        if len(requests) > MAX_REQUESTS or size + RECORD_OVERHEAD > MAX_RECORD_BYTES:
-            raise Unavailable("batch larger than one record")
+        size = check_fits_record(requests, self.max_record_bytes)
         await self._wait_writable()
         if self._outstanding + len(requests) > self.max_pending_requests:
             raise Unavailable("too many writes in flight (%d)" % self._outstanding)
@@ -621,7 +628,7 @@ class RaftBackend(Backend):
         proposed = False
         i = 0
         while i < len(pending):
-            j = record_end(pending, i, MAX_REQUESTS, MAX_RECORD_BYTES)
+            j = record_end(pending, i, MAX_REQUESTS, self.max_record_bytes)
             if gathering and j == len(pending):
                 self._pending = pending[i:]   # not full: keeps gathering until the gate opens
                 break

@@ -232,6 +232,11 @@ class RespParser:
         """Unread bytes (CLIENT LIST's qbuf)."""
         return len(self._buf) - self._pos + self._chunks_len
 
+    @property
+    def partial_bytes(self) -> int:
+        """Bytes of the arguments already parsed for a command still arriving."""
+        return self._args_bytes
+
     def _fail(self, exc):
         self._error = exc
         raise exc

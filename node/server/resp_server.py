@@ -62,6 +62,7 @@ from ..fsm.resolve import queue_check, resolve_command, resolve_config_set, \
     resolve_transaction
 from .backend import BackendError, LocalBackend
 from .blocking import BlockingRegistry, WaiterClosed, run_blocking_read, run_blocking_write
+from .client_memory import ClientMemory, MeteredReading
 from .cluster_cmds import Verbatim, cluster_command, command_keys, encode_verbatim, redirect
 from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
 from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
@@ -110,7 +111,10 @@ class _Multi:
     failed: bool = False
 
 
-class Client(asyncio.Protocol):
+class Client(MeteredReading, asyncio.BufferedProtocol):
+    """One RESP connection. Reads through MeteredReading (client_memory.py): only
+    into bytes the node's ClientMemory granted."""
+
     def __init__(self, server: "RespServer"):
         self.server = server
         self.id = 0
@@ -154,6 +158,7 @@ class Client(asyncio.Protocol):
         self.parser = RespParser(lim.proto_max_bulk_len, lim.query_buffer_limit, lim.max_multibulk_len,
                                  authenticated=self.authenticated)
         self.id = server.next_client_id()
+        self._memory_start(server.client_memory)
         peer, sock = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
         self.addr = "%s:%s" % peer[:2] if peer else ""
         self.laddr = "%s:%s" % sock[:2] if sock else ""
@@ -168,8 +173,8 @@ class Client(asyncio.Protocol):
         except RespProtocolError:
             pass                          # sticky in the parser: the command loop replies and closes
         if not self._waiting and self.parser.buffered_bytes > self.server.limits.input_pause_bytes:
-            self.transport.pause_reading()
             self._reading_paused = True
+            self._sync_reading()
         self._data.set()
 
     def eof_received(self):
@@ -183,6 +188,7 @@ class Client(asyncio.Protocol):
 
     def connection_lost(self, exc):
         self.closed = True
+        self._memory_end()
         self._data.set()
         self.server.registry.fail_owner(self, WaiterClosed())
         self.server.client_gone(self)
@@ -211,6 +217,7 @@ class Client(asyncio.Protocol):
                     self.transport.close()
                     return
                 if argv is None:
+                    self._memory_settle()
                     if out:
                         self._write(out)
                         out, size = [], 0
@@ -219,7 +226,7 @@ class Client(asyncio.Protocol):
                         return
                     if self._reading_paused:
                         self._reading_paused = False
-                        self.transport.resume_reading()
+                        self._sync_reading()
                     self._waiting = True
                     self._data.clear()
                     await self._data.wait()
@@ -234,6 +241,7 @@ class Client(asyncio.Protocol):
                         self._write(out)              # do not hold replies while blocked
                         out, size = [], 0
                 reply = await self.execute(argv)
+                self._memory_settle()             # the command's bytes go back with its reply
                 if self.closed:
                     return
                 if self._abandon:
@@ -542,12 +550,14 @@ SERVER_HANDLERS = {name.encode(): getattr(Client, "cmd_" + name) for name in SER
 
 class RespServer:
     def __init__(self, backend, host: str = "127.0.0.1", port: int = 0, *, requirepass=None,
-                 limits: ServerLimits = None):
+                 limits: ServerLimits = None, client_memory: ClientMemory = None):
         self.backend = backend
         self.host = host
         self.port = port
         self.requirepass = requirepass.encode() if isinstance(requirepass, str) else requirepass
         self.limits = limits or ServerLimits()
+        # Node-wide bytes of client requests (client_memory.py), shared with the gRPC service.
+        self.client_memory = client_memory or ClientMemory()
         self.registry = BlockingRegistry(self.limits.max_blocked_clients)
         self.clients = {}
         self.started = time.monotonic()
