@@ -52,7 +52,7 @@ Field invariants (decode checks every one; encode refuses to write a violation):
                WATCHED_MULTI: 1 <= ncmd <= MAX_TXN_COMMANDS + 1; the first command is
                         the watch list ("WATCH", key1, W1, key2, W2, ...): 1 to
                         MAX_WATCHED_KEYS keys, each W the canonical decimal of a log
-                        index <= 2**63-1; the rest is a MULTI's commands (kind 6:
+                        index <= 2**63-1; the rest is a MULTI's commands (kind 7:
                         added within version 1, fsm/watch.py)
     argc       1 <= argc <= MAX_ARGC (an empty argv is no command)
     len        <= MAX_ARG_BYTES (redis proto-max-bulk-len)
@@ -127,7 +127,7 @@ class Kind(enum.IntEnum):
     CONFIG = 3      # CONFIG SET of engine limits (stream/list node sizes)
     NOOP = 4        # nothing; advances the applied index and the time
     XADD_BATCH = 5  # N XADDs to one key with the same options (XAddBatch), as one MULTI
-    WATCHED_MULTI = 6   # MULTI/EXEC after WATCH: aborted at apply if a watched key changed
+    WATCHED_MULTI = 7   # MULTI/EXEC after WATCH: aborted at apply if a watched key changed
 
 
 class IdKind(enum.IntEnum):

@@ -26,7 +26,7 @@ Snapshot layout (big-endian):
     +--------+---------+-------------+------------+--------------+----------------------+
     | "XFSM" | ver u16 | applied u64 | now_ms u64 | sess_len u32 | sessions (sessions.py)|
     +--------+---------+-------------+------------+--------------+----------------------+
-    | ver_len u32 | versions (watch.py; version 2 only) | ks_len u64 | keyspace (engine   |
+    | ver_len u32 | versions (watch.py; version >= 3)   | ks_len u64 | keyspace (engine   |
     +-------------+--------------------------------------+------------+ dump.py, own CRCs)|
     | crc32 u32 of all before                                                             |
     +-------------------------------------------------------------------------------------+
@@ -59,8 +59,10 @@ from .watch import CorruptVersions, KeyVersions
 from .xadd_batch import apply_xadd_batch
 
 SNAP_MAGIC = b"XFSM"
-SNAP_VERSION = 2
-_SNAP_VERSION_NO_VERSIONS = 1       # before WATCH: still restorable
+# Version 3 adds the WATCH key versions (the versions section is present iff
+# version >= 3); version 2 is left to the sessions' own layout change.
+SNAP_VERSION = 3
+_SNAP_VERSIONS = (1, 3)            # restorable; 1 = before WATCH
 MAX_INDEX = (1 << 63) - 1
 
 _SNAP_HEAD = struct.Struct(">4sHQQI")      # magic, version, applied, now_ms, sess_len
@@ -290,7 +292,7 @@ def _parse_snapshot(buf):
     magic, version, applied, now_ms, sess_len = _SNAP_HEAD.unpack_from(buf, 0)
     if magic != SNAP_MAGIC:
         raise CorruptSnapshot("not an fsm snapshot (magic %r)" % magic)
-    if version not in (SNAP_VERSION, _SNAP_VERSION_NO_VERSIONS):
+    if version not in _SNAP_VERSIONS:
         raise CorruptSnapshot("unsupported snapshot version %d" % version)
     if applied > MAX_INDEX or now_ms > MAX_NOW_MS:
         raise CorruptSnapshot("applied index or time out of range")
@@ -302,7 +304,7 @@ def _parse_snapshot(buf):
     except CorruptSessions as e:
         raise CorruptSnapshot("sessions: %s" % e) from None
     pos += sess_len
-    if version == _SNAP_VERSION_NO_VERSIONS:
+    if version < 3:
         versions = KeyVersions(floor=applied)
     else:
         if end - pos < _U32.size:

@@ -38,7 +38,7 @@ they are all dropped and `floor` is raised to the current index: watchers of
 absent keys then abort conservatively. The rule depends only on the state.
 
 Snapshots: the versions are part of the fsm snapshot (state_machine.py,
-layout version 2), sorted by key, so restore gives the same versions as
+layout version 3), sorted by key, so restore gives the same versions as
 replay. A version-1 snapshot (written before WATCH existed) restores with
 no entries and floor = its applied index: conservative for watchers.
 """

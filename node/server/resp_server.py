@@ -321,7 +321,7 @@ class Client(asyncio.Protocol):
         name = bytes(argv[0]).lower()
         cmd = name.decode("latin-1")
         # CLIENT LIST's cmd= field: redis names a container command with its subcommand.
-        self.last_cmd = (cmd + "|" + bytes(argv[1]).lower().decode("latin-1")
+        self.last_cmd = (cmd + "|" + bytes(argv[1][:32]).lower().decode("latin-1")
                          if name in _CONTAINERS and len(argv) > 1 else cmd)
         if name in SERVER_HANDLERS:
             arity = SERVER_COMMANDS[cmd][0]

@@ -278,7 +278,7 @@ def _reseal(body: bytes) -> bytes:
 
 @pytest.mark.parametrize("edit,why", [
     (lambda b: b"XFSN" + b[4:], "magic"),
-    (lambda b: b[:4] + b"\x00\x03" + b[6:], "version"),
+    (lambda b: b[:4] + b"\x00\x09" + b[6:], "version"),
     (lambda b: b[:6] + struct.pack(">Q", 2**63) + b[14:], "out of range"),
     (lambda b: b[:22] + struct.pack(">I", 2**31) + b[26:], "sessions"),
     (lambda b: b + b"x", "keyspace"),
