@@ -22,6 +22,14 @@ _CLIENT_TYPES = (b"normal", b"slave", b"replica", b"pubsub", b"master")
 _LONG_MAX = (1 << 63) - 1
 
 
+def format_addr(sockaddr) -> str:
+    """redis's "ip:port" (connFormatAddr: "[ip]:port" for IPv6), as CLIENT LIST/KILL use."""
+    if not sockaddr:
+        return ""
+    host, port = sockaddr[:2]
+    return ("[%s]:%s" if ":" in host else "%s:%s") % (host, port)
+
+
 def check_name(name: bytes):
     """redis validateClientName: printable ASCII without spaces; None if fine."""
     if any(c < 0x21 or c > 0x7E for c in name):

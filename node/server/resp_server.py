@@ -68,7 +68,7 @@ from ..fsm.resolve import queue_check, resolve_command, resolve_config_set, \
 from .admin_cmds import debug_command, function_command
 from .backend import BackendError, LocalBackend
 from .blocking import BlockingRegistry, WaiterClosed, run_blocking_read, run_blocking_write
-from .client_cmds import check_name, client_command, info_line
+from .client_cmds import check_name, client_command, format_addr, info_line
 from .cluster_cmds import Verbatim, cluster_command, command_keys, encode_verbatim, redirect
 from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
 from .node_config import PARSERS as NODE_SETTINGS, apply_node_settings
@@ -167,10 +167,10 @@ class Client(asyncio.Protocol):
                                  authenticated=self.authenticated)
         self.id = server.next_client_id()
         peer, sock = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
-        self.addr = "%s:%s" % peer[:2] if peer else ""
+        self.addr = format_addr(peer)
         sock_obj = transport.get_extra_info("socket")
         self.fd = sock_obj.fileno() if sock_obj is not None else -1
-        self.laddr = "%s:%s" % sock[:2] if sock else ""
+        self.laddr = format_addr(sock)
         server.clients[self.id] = self
         self._task = asyncio.get_running_loop().create_task(self._run())
 

@@ -353,6 +353,14 @@ def test_client_kill_closes_connections(srv):
             x.close()
 
 
+def test_client_addresses_are_formatted_as_redis_does():
+    """anetFormatAddr: IPv6 addresses in brackets, so CLIENT KILL ADDR can name them."""
+    from xraft.node.server.client_cmds import format_addr
+    assert format_addr(("127.0.0.1", 6379)) == "127.0.0.1:6379"
+    assert format_addr(("::1", 6379, 0, 0)) == "[::1]:6379"
+    assert format_addr(None) == ""
+
+
 # -- DEBUG ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
