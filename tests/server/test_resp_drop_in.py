@@ -407,3 +407,28 @@ def test_debug_sleep_sleeps_only_its_connection(srv):
     finally:
         a.close()
         b.close()
+
+
+def test_client_list_flags_like_redis(srv, redis):
+    """flags= of a blocked client (b) and of a client inside MULTI (x)."""
+    flags = []
+    for port in (redis.port, srv.port):
+        blocked, multi, asker = RawConn(port, 2), RawConn(port, 2), RawConn(port, 2)
+        try:
+            ids = [int(c.call(b"CLIENT", b"ID")[1:-2]) for c in (blocked, multi)]
+            blocked.sock.sendall(b"*3\r\n$5\r\nBLPOP\r\n$6\r\nnosuch\r\n$1\r\n0\r\n")
+            multi.call(b"MULTI")
+            got = {}
+            for _ in range(100):                       # until the BLPOP is parked
+                raw = asker.call(b"CLIENT", b"LIST", b"ID", *[b"%d" % i for i in ids])
+                fields = [dict(kv.split(b"=", 1) for kv in line.split())
+                          for line in raw.split(b"\r\n", 1)[1].splitlines() if line.startswith(b"id=")]
+                got = {int(f[b"id"]): f[b"flags"] for f in fields}
+                if got.get(ids[0]) == b"b":
+                    break
+                time.sleep(0.05)
+            flags.append([got.get(i) for i in ids])
+        finally:
+            for c in (blocked, multi, asker):
+                c.close()
+    assert flags[1] == flags[0] == [b"b", b"x"]
