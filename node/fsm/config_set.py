@@ -46,7 +46,7 @@ _MEMORY_UNITS = {b"": 1, b"b": 1, b"k": 1000, b"kb": 1024, b"m": 1000 ** 2, b"mb
 _MEMTOULL_BUF = 128     # redis copies the digits into a char[128]
 
 
-def _memtoull(arg: bytes):
+def memtoull(arg: bytes):
     """util.c memtoull as compiled: digits then an optional unit; no sign, no
     blanks; strtoull saturates at ULLONG_MAX and the multiplication wraps mod
     2**64. The result is then read as a signed long long. None = not a memory value."""
@@ -71,6 +71,14 @@ def _failed(arg_name: bytes, why: str) -> CommandError:
 def parse_config_set(argv) -> list:
     """[(EngineConfig field, value)] for a CONFIG SET argv, in argument order;
     raises the EngineError redis would reply. Pure: reads no state."""
+    return parse_config_set_with(argv, {})[0]
+
+
+def parse_config_set_with(argv, local: dict):
+    """parse_config_set when the caller also serves settings of its own:
+    `local` maps a lower-case name to parse(raw bytes) -> value, raising
+    ValueError(redis's reason) for a bad value. Returns (engine pairs,
+    [(local name, value)]), checked together in redis's order (all or nothing)."""
     invariant(len(argv) >= 2, "parse_config_set needs CONFIG SET")
     if len(argv) < 4:
         raise wrong_arity("config|set")
@@ -82,7 +90,7 @@ def parse_config_set(argv) -> list:
     duplicate = None
     seen = set()
     for name, _ in pairs:
-        setting = _SETTINGS.get(bytes(name).lower())
+        setting = _SETTINGS.get(bytes(name).lower()) or local.get(bytes(name).lower())
         if setting is None:
             if unknown is None and duplicate is None:
                 unknown = name
@@ -100,14 +108,21 @@ def parse_config_set(argv) -> list:
         raise _failed(duplicate, "duplicate parameter")           # as typed
     # Pass 2 (performInterfaceSet): parse and range-check each value, in order.
     out = []
+    own = []
     for name, raw in pairs:
         name = bytes(name).lower()          # a bad value names the setting as registered
-        setting = _SETTINGS[name]
         raw = bytes(raw)
+        if name not in _SETTINGS:
+            try:
+                own.append((name, local[name](raw)))
+            except ValueError as e:
+                raise _failed(name, str(e)) from None
+            continue
+        setting = _SETTINGS[name]
         if setting.memory:
             # memtoull reads a C string: a NUL ends the value. Integers go through the
             # length-aware string2ll instead, so "5\0x" is not an integer there.
-            value = _memtoull(raw.split(b"\0", 1)[0])
+            value = memtoull(raw.split(b"\0", 1)[0])
             if value is None:
                 raise _failed(name, "argument must be a memory value")
         else:
@@ -117,7 +132,11 @@ def parse_config_set(argv) -> list:
         if not setting.lo <= value <= setting.hi:
             raise _failed(name, "argument must be between %d and %d inclusive" % (setting.lo, setting.hi))
         out.append((setting.field, value))
-    return out
+    return out, own
+
+
+def is_engine_setting(name: bytes) -> bool:
+    return bytes(name).lower() in _SETTINGS
 
 
 def apply_config_set(config: EngineConfig, argv):

@@ -55,6 +55,11 @@ Field invariants (decode checks every one; encode refuses to write a violation):
                         version 1 the same way: a node without it refuses the
                         record (CorruptEntry), so upgrade every node before
                         clients register.
+               WATCHED_MULTI: 1 <= ncmd <= MAX_TXN_COMMANDS + 1; the first command is
+                        the watch list ("WATCH", key1, W1, key2, W2, ...): 1 to
+                        MAX_WATCHED_KEYS keys, each W the canonical decimal of a log
+                        index <= 2**63-1; the rest is a MULTI's commands (kind 7:
+                        added within version 1, fsm/watch.py)
     argc       1 <= argc <= MAX_ARGC (an empty argv is no command)
     len        <= MAX_ARG_BYTES (redis proto-max-bulk-len)
     opts       bits NOMKSTREAM 0x01, MAXLEN 0x02, MINID 0x04, APPROX 0x08 ("~"),
@@ -129,6 +134,7 @@ class Kind(enum.IntEnum):
     NOOP = 4        # nothing; advances the applied index and the time
     XADD_BATCH = 5  # N XADDs to one key with the same options (XAddBatch), as one MULTI
     REGISTER = 6    # open or refresh the session of client_id (sessions.py)
+    WATCHED_MULTI = 7   # MULTI/EXEC after WATCH: aborted at apply if a watched key changed
 
 
 class IdKind(enum.IntEnum):
@@ -255,6 +261,25 @@ class Request:
         return cls(client_id, seq, Kind.CONFIG, (tuple(argv),))
 
     @classmethod
+    def watched_multi(cls, client_id: int, seq: int, watched, argvs) -> "Request":
+        """watched: [(key, W)], W the applied index the client's WATCH saw."""
+        head = [WATCH_HEAD]
+        for key, w in watched:
+            head += [bytes(key), b"%d" % w]
+        return cls(client_id, seq, Kind.WATCHED_MULTI, (tuple(head),) + tuple(tuple(a) for a in argvs))
+
+    @property
+    def watched(self) -> list:
+        """[(key, W)] of a WATCHED_MULTI request."""
+        head = self.commands[0]
+        return [(head[i], int(head[i + 1])) for i in range(1, len(head), 2)]
+
+    @property
+    def transaction(self) -> tuple:
+        """The queued commands of a MULTI or WATCHED_MULTI request."""
+        return self.commands[1:] if self.kind == Kind.WATCHED_MULTI else self.commands
+
+    @classmethod
     def noop(cls) -> "Request":
         return cls(0, 0, Kind.NOOP, ())
 
@@ -302,12 +327,35 @@ def _shape_error(req: Request):
         return "%s request with %d commands" % (req.kind.name, n)
     if req.kind == Kind.MULTI and n > MAX_TXN_COMMANDS:
         return "transaction of %d commands (limit %d)" % (n, MAX_TXN_COMMANDS)
+    if req.kind == Kind.WATCHED_MULTI:
+        return _watch_head_error(req.commands, n)
     if req.kind == Kind.NOOP and (n or req.client_id):
         return "NOOP must be anonymous and empty"
     if req.kind == Kind.CONFIG:
         argv = req.commands[0]
         if len(argv) < 2 or bytes(argv[0]).lower() != b"config" or bytes(argv[1]).lower() != b"set":
             return "CONFIG request that is not CONFIG SET"
+    return None
+
+
+WATCH_HEAD = b"WATCH"
+MAX_WATCHED_KEYS = 10_000
+_MAX_INDEX_DIGITS = 19
+
+
+def _watch_head_error(commands, n: int):
+    if not 1 <= n <= MAX_TXN_COMMANDS + 1:
+        return "watched transaction of %d commands" % n
+    head = commands[0]
+    if head[0] != WATCH_HEAD or len(head) < 3 or not len(head) % 2:
+        return "bad watch list"
+    if (len(head) - 1) // 2 > MAX_WATCHED_KEYS:
+        return "%d watched keys (limit %d)" % ((len(head) - 1) // 2, MAX_WATCHED_KEYS)
+    for w in head[2::2]:
+        w = bytes(w)
+        if not (w.isdigit() and w.isascii() and len(w) <= _MAX_INDEX_DIGITS and (w == b"0" or w[:1] != b"0")
+                and int(w) <= MAX_NOW_MS):
+            return "bad watched index %r" % w[:24]
     return None
 
 
@@ -327,7 +375,7 @@ def request_size(req: Request) -> int:
             raise EntryTooLarge("ERR xraft: request larger than %d bytes" % (MAX_RECORD_BYTES - RECORD_OVERHEAD))
         return size
     commands = req.commands
-    if len(commands) > MAX_TXN_COMMANDS:
+    if len(commands) > MAX_TXN_COMMANDS + (req.kind == Kind.WATCHED_MULTI):
         raise EntryTooLarge("ERR xraft: transaction of %d commands (limit %d)"
                             % (len(commands), MAX_TXN_COMMANDS))
     size = _REQ.size

@@ -215,11 +215,13 @@ def resolve_config_set(client_id: int, seq: int, argv) -> Request:
     return request
 
 
-def resolve_transaction(client_id: int, seq: int, argvs) -> Request:
+def resolve_transaction(client_id: int, seq: int, argvs, watched=()) -> Request:
     """EXEC of the queued commands. Any queue-time error (unknown command,
     arity) discards the transaction with EXECABORT, as redis does; the server
     has already replied that error when the command was queued. Reads and
-    blocking forms are allowed: inside MULTI redis runs them without blocking."""
+    blocking forms are allowed: inside MULTI redis runs them without blocking.
+    `watched`: [(key, W)] from the client's WATCHes; then apply checks them
+    (watch.py) and the request is a WATCHED_MULTI."""
     argvs = tuple(tuple(map(bytes, argv)) for argv in argvs)
     passed = set()            # (name, argc) of non-CONFIG commands that passed: same name and
     for argv in argvs:        # argument count, same verdict (lookup reads nothing else)
@@ -232,7 +234,10 @@ def resolve_transaction(client_id: int, seq: int, argvs) -> Request:
             raise ExecAbort() from None
         if key is not None and argv[0].lower() != b"config":
             passed.add(key)
-    request = Request(client_id, seq, Kind.MULTI, argvs)
+    if watched:
+        request = Request.watched_multi(client_id, seq, watched, argvs)
+    else:
+        request = Request(client_id, seq, Kind.MULTI, argvs)
     request_size(request)
     return request
 

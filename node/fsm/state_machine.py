@@ -4,6 +4,8 @@
     +-- keyspace         engine Keyspace (data + EngineConfig): the replicated data
     +-- sessions         client sessions and the at-most-once table (sessions.py):
                          replicated, in snapshots; expired by replicated time
+    +-- versions         per-key last-modified log index for WATCH (watch.py):
+                         replicated, in snapshots
     +-- applied_index    last log index applied. Invariant: advances by exactly 1 per apply/skip
     +-- last_now_ms      largest time applied. Invariant: never decreases
     +-- last_ready_keys  keys signalled ready by the last apply (for the server to
@@ -27,9 +29,13 @@ Snapshot layout (big-endian):
     +--------+---------+-------------+------------+--------------+----------------------+
     | "XFSM" | ver u16 | applied u64 | now_ms u64 | sess_len u32 | sessions (sessions.py)|
     +--------+---------+-------------+------------+--------------+----------------------+
-    | ks_len u64 | keyspace (engine dump.py, its own CRCs) | crc32 u32 of all before     |
-    +------------+------------------------------------------+-----------------------------+
-      applied <= 2**63-1; now_ms <= 2**63-1; both lengths exactly fit the bytes
+    | ver_len u32 | versions (watch.py; version >= 3)   | ks_len u64 | keyspace (engine   |
+    +-------------+--------------------------------------+------------+ dump.py, own CRCs)|
+    | crc32 u32 of all before                                                             |
+    +-------------------------------------------------------------------------------------+
+      version 1 (before WATCH) has no ver_len/versions: it restores with no
+      versions and floor = applied (watch.py).
+      applied <= 2**63-1; now_ms <= 2**63-1; all lengths exactly fit the bytes
       that follow; restore checks the CRC first, then every field, then builds
       the whole new state before replacing the old one (all or nothing).
       ver 2: sessions in their version 2 form (with session times). ver 1 (before
@@ -45,7 +51,7 @@ from ..engine.commands import lookup
 from ..engine.dump import CorruptDump, dump_keyspace, load_keyspace
 from ..engine.errors import EngineError
 from ..engine.keyspace import EngineConfig, Keyspace
-from ..engine.replies import OK, WouldBlock
+from ..engine.replies import NULL_ARRAY, OK, WouldBlock
 from ..invariant import invariant
 from ..raft.types import EntryType
 from .blocking import is_blocking_form, may_run_again, reply_in_multi
@@ -56,11 +62,14 @@ from .resolve import is_config_set, queue_check
 from .sessions import MAGIC as SESSIONS_MAGIC
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
                        DEFAULT_SESSION_TIMEOUT_MS, CorruptSessions, Sessions)
+from .watch import CorruptVersions, KeyVersions
 from .xadd_batch import apply_xadd_batch
 
 SNAP_MAGIC = b"XFSM"
-SNAP_VERSION = 2
-_SNAP_VERSIONS = (1, 2)                    # restorable; 1 = sessions without times
+# Version 2: sessions in their timed form (sessions.py v2). Version 3 adds the WATCH key
+# versions (the versions section is present iff version >= 3).
+SNAP_VERSION = 3
+_SNAP_VERSIONS = (1, 2, 3)                 # restorable; 1 = sessions without times, < 3 = no versions
 MAX_INDEX = (1 << 63) - 1
 
 _SNAP_HEAD = struct.Struct(">4sHQQI")      # magic, version, applied, now_ms, sess_len
@@ -84,9 +93,11 @@ class StateMachine:
         config = dataclasses.replace(config) if config is not None else EngineConfig()
         self.keyspace = Keyspace(config=config)
         self.sessions = Sessions(max_clients, results_per_client, max_result_bytes, session_timeout_ms)
+        self.versions = KeyVersions()
         self.applied_index = 0
         self.last_now_ms = 0
         self.last_ready_keys = frozenset()
+        self._index = 0           # the entry being applied (the version its writes give keys)
 
     # -- apply -------------------------------------------------------------------
 
@@ -111,7 +122,9 @@ class StateMachine:
         self.keyspace.pop_ready_keys()            # leftovers are not this entry's
         now = max(record.now_ms, self.last_now_ms)
         self.sessions.expire(now)                 # by replicated time, before this record's requests
+        self._index = entry_index
         results = [self._apply_request(req, now, want_results) for req in record.requests]
+        self.versions.bound(self.keyspace.data, entry_index)
         self.last_now_ms = now
         self.applied_index = entry_index
         self.last_ready_keys = frozenset(self.keyspace.pop_ready_keys())
@@ -145,8 +158,16 @@ class StateMachine:
             result = self._apply_command(req.argv, now, want_results)
         elif req.kind == Kind.XADD_BATCH:
             result = apply_xadd_batch(self.keyspace, req.xadd, now)
+            if any(r is not None and not isinstance(r, EngineError) for r in result):
+                self.versions.touch(req.xadd.key, self._index)
         elif req.kind == Kind.MULTI:
             result = self._apply_multi(req.commands, now)
+        elif req.kind == Kind.WATCHED_MULTI:
+            # redis execCommand: CLIENT_DIRTY_CAS -> a null array, nothing runs.
+            if self.versions.any_changed_since(req.watched):
+                result = NULL_ARRAY
+            else:
+                result = self._apply_multi(req.transaction, now)
         elif req.kind == Kind.CONFIG:
             err = apply_config_set(self.keyspace.config, req.argv)
             result = OK if err is None else err
@@ -168,11 +189,23 @@ class StateMachine:
         handler = spec.handler
         if not want_result:
             handler = _UNOBSERVED.get(handler, handler)
+        reply = self._run(spec, handler, argv, now)
+        invariant(not isinstance(reply, WouldBlock), "a non-blocking form returned WouldBlock")
+        return reply
+
+    def _run(self, spec, handler, argv, now: int):
+        """One command against the keyspace; its reply or EngineError. Writes
+        update the WATCH versions (watch.py) from (argv, reply) alone."""
+        name = spec.name
+        flushed = list(self.keyspace.data) if name in ("flushall", "flushdb") else None
+        absent = name == "xgroup" and len(argv) > 2 and not self.keyspace.exists(argv[2])
         try:
             reply = handler(self.keyspace, argv, now)
         except EngineError as e:
             return e
-        invariant(not isinstance(reply, WouldBlock), "a non-blocking form returned WouldBlock")
+        if spec.is_write:
+            created = argv[2] if absent and self.keyspace.exists(argv[2]) else None
+            self.versions.after_command(spec, argv, reply, self._index, flushed, created)
         return reply
 
     def _apply_multi(self, commands, now: int):
@@ -203,10 +236,7 @@ class StateMachine:
                 err = apply_config_set(self.keyspace.config, argv)
                 replies.append(OK if err is None else err)
                 continue
-            try:
-                reply = spec.handler(self.keyspace, argv, now)
-            except EngineError as e:
-                reply = e
+            reply = self._run(spec, spec.handler, argv, now)
             if isinstance(reply, WouldBlock):
                 reply = reply_in_multi(argv, reply)
             replies.append(reply)
@@ -239,21 +269,24 @@ class StateMachine:
 
     def snapshot(self) -> bytes:
         sessions = self.sessions.encode()
+        versions = self.versions.encode()
         keyspace = dump_keyspace(self.keyspace)
         invariant(len(sessions) < 1 << 32, "sessions too large for the snapshot")
+        invariant(len(versions) < 1 << 32, "versions too large for the snapshot")
         invariant(0 <= self.applied_index <= MAX_INDEX and 0 <= self.last_now_ms <= MAX_NOW_MS,
                   "snapshot meta out of range")
         body = b"".join((
             _SNAP_HEAD.pack(SNAP_MAGIC, SNAP_VERSION, self.applied_index, self.last_now_ms, len(sessions)),
-            sessions, _U64.pack(len(keyspace)), keyspace))
+            sessions, _U32.pack(len(versions)), versions, _U64.pack(len(keyspace)), keyspace))
         return body + _U32.pack(zlib.crc32(body))
 
     def restore(self, buf) -> None:
         """Replace the whole state with a snapshot's; CorruptSnapshot (and no
         change at all) if the bytes are not one."""
-        applied, now_ms, sessions, keyspace = _parse_snapshot(buf)
+        applied, now_ms, sessions, versions, keyspace = _parse_snapshot(buf)
         self.keyspace = keyspace
         self.sessions = sessions
+        self.versions = versions
         self.applied_index = applied
         self.last_now_ms = now_ms
         self.last_ready_keys = frozenset()
@@ -286,6 +319,20 @@ def _parse_snapshot(buf):
     except CorruptSessions as e:
         raise CorruptSnapshot("sessions: %s" % e) from None
     pos += sess_len
+    if version < 3:
+        versions = KeyVersions(floor=applied)
+    else:
+        if end - pos < _U32.size:
+            raise CorruptSnapshot("versions length runs past the end")
+        ver_len = _U32.unpack_from(buf, pos)[0]
+        pos += _U32.size
+        if ver_len > end - pos - _U64.size:
+            raise CorruptSnapshot("versions of %d bytes run past the end" % ver_len)
+        try:
+            versions = KeyVersions.decode(buf[pos:pos + ver_len], applied)
+        except CorruptVersions as e:
+            raise CorruptSnapshot("versions: %s" % e) from None
+        pos += ver_len
     ks_len = _U64.unpack_from(buf, pos)[0]
     pos += _U64.size
     if ks_len != end - pos:
@@ -294,4 +341,4 @@ def _parse_snapshot(buf):
         keyspace = load_keyspace(buf[pos:end])
     except CorruptDump as e:
         raise CorruptSnapshot("keyspace: %s" % e) from None
-    return applied, now_ms, sessions, keyspace
+    return applied, now_ms, sessions, versions, keyspace

@@ -20,11 +20,10 @@ clusterGenNodesDescription):
     CLUSTER NODES   "<id> <ip>:<port>@<cport> <flags> <master|-> 0 0 0 connected <slots>\\n"...
                     (bulk in RESP2, verbatim "txt" in RESP3)
 """
+from ..engine.command_keys import MOVABLE, command_keys  # noqa: F401 (re-exported)
 from ..engine.commands import lookup
 from ..engine.errors import CommandError, EngineError, wrong_arity
 from ..engine.slots import key_slot
-from ..engine.stream_args import parse_xread_args
-from ..engine.streamid import string2ll
 from .wire_errors import cluster_down_message, moved_message
 
 
@@ -39,31 +38,6 @@ def encode_verbatim(data: bytes, protocol: int) -> bytes:
 
 
 # -- keys -------------------------------------------------------------------------
-
-MOVABLE = frozenset(("xread", "xreadgroup", "lmpop", "blmpop"))
-
-
-def command_keys(spec, argv) -> list:
-    """The key arguments of an engine command (redis's getKeysFromCommand):
-    fixed positions from the spec, or parsed for the movable-keys commands.
-    Arguments that do not parse give no keys: the command fails by itself."""
-    name = spec.name
-    if name in MOVABLE:
-        try:
-            if name in ("xread", "xreadgroup"):
-                return list(parse_xread_args(argv, name == "xreadgroup").keys)
-            at = 1 if name == "lmpop" else 2
-            n = string2ll(bytes(argv[at]))
-            if n is None or n <= 0 or at + 1 + n > len(argv):
-                return []
-            return list(argv[at + 1:at + 1 + n])
-        except EngineError:
-            return []
-    if spec.first_key <= 0:
-        return []
-    last = spec.last_key if spec.last_key > 0 else len(argv) + spec.last_key
-    return list(argv[spec.first_key:last + 1:spec.step or 1])
-
 
 def redirect(backend, keys):
     """The -MOVED/-CLUSTERDOWN text if this node does not serve keys[0]'s slot, else None.

@@ -18,7 +18,9 @@ import time
 
 from ..engine.commands import BLOCKING, COMMANDS, READONLY, WRITE, _load_families
 from ..engine.errors import CommandError, wrong_arity
+from ..engine.cmd_keys import glob_match
 from .cluster_cmds import MOVABLE, getkeys
+from .node_config import node_values
 
 REDIS_VERSION = "7.0.15"        # what clients see: the redis semantics we implement
 
@@ -41,15 +43,18 @@ SERVER_COMMANDS = {
     "cluster": (-2, ()),
     "readonly": (1, ("loading", "stale", "fast")),
     "readwrite": (1, ("loading", "stale", "fast")),
+    "function": (-2, ()),
+    "debug": (-2, ("admin", "noscript", "loading", "stale")),
 }
 
 _GROUPS = {
     "connection": ("auth", "hello", "client", "select", "quit", "reset", "ping", "echo"),
     "transactions": ("multi", "exec", "discard", "watch", "unwatch"),
-    "server": ("info", "config", "command", "dbsize", "flushall", "flushdb"),
+    "server": ("info", "config", "command", "dbsize", "flushall", "flushdb", "debug"),
+    "scripting": ("function",),
     "cluster": ("cluster", "readonly", "readwrite"),
     "string": ("get", "set"),
-    "generic": ("del", "exists", "keys", "rename", "renamenx", "scan", "type", "unlink"),
+    "generic": ("del", "exists", "keys", "object", "rename", "renamenx", "scan", "type", "unlink"),
 }
 _GROUP_OF = {name: group for group, names in _GROUPS.items() for name in names}
 
@@ -118,36 +123,26 @@ def command_command(argv):
 
 # -- CONFIG GET -------------------------------------------------------------------
 
-def _glob(pattern: bytes, name: bytes) -> bool:
-    """redis util.c stringmatchlen (nocase), for the patterns CONFIG GET takes."""
-    import fnmatch
-    p = pattern.lower().decode("latin-1").replace("[^", "[!")
-    return fnmatch.fnmatchcase(name.decode("latin-1"), p)
-
-
 def config_values(server) -> dict:
-    """Every parameter CONFIG GET can show: the engine's (replicated) and the
-    server's own (read-only here: set at start-up)."""
+    """Every parameter CONFIG GET can show: the engine's (replicated), the
+    node's settable ones (node_config.py) and the server's read-only ones."""
     cfg = server.backend.engine_config()
-    return {
+    values = {
         b"stream-node-max-bytes": cfg.stream_node_max_bytes,
         b"stream-node-max-entries": cfg.stream_node_max_entries,
         b"list-max-listpack-size": cfg.list_max_listpack_size,
         b"list-max-ziplist-size": cfg.list_max_listpack_size,
         b"list-compress-depth": cfg.list_compress_depth,
-        b"maxclients": server.limits.max_clients,
         b"requirepass": server.requirepass or b"",
         b"port": server.port,
         b"bind": server.host.encode(),
         b"databases": 1,
         b"cluster-enabled": b"yes",
-        b"save": b"",
-        b"appendonly": b"no",
-        b"proto-max-bulk-len": server.limits.proto_max_bulk_len,
-        b"client-query-buffer-limit": server.limits.query_buffer_limit,
         b"client-output-buffer-limit": b"normal 0 %d 0 slave 0 0 0 pubsub 0 0 0"
                                        % server.limits.output_buffer_limit,
     }
+    values.update(node_values(server))
+    return values
 
 
 def config_get(server, argv) -> dict:
@@ -158,7 +153,7 @@ def config_get(server, argv) -> dict:
     for pattern in argv[2:]:
         pattern = bytes(pattern)
         for name, value in values.items():
-            if name not in out and _glob(pattern, name):
+            if name not in out and glob_match(pattern.lower(), name):
                 out[name] = value if isinstance(value, bytes) else b"%d" % value
     return out
 

@@ -17,11 +17,15 @@ transaction, EXEC answers EXECABORT), then the cluster redirect (-MOVED to the
 leader from a follower), then execution:
 
     server commands   AUTH HELLO CLIENT SELECT QUIT RESET MULTI EXEC DISCARD WATCH
-                      UNWATCH INFO CONFIG COMMAND CLUSTER READONLY READWRITE (here)
+                      UNWATCH INFO CONFIG COMMAND CLUSTER READONLY READWRITE (here),
+                      FUNCTION DEBUG (admin_cmds.py), CLIENT's subcommands (client_cmds.py)
     writes            fsm resolve_command -> backend.submit (one request; blocking
                       forms through blocking.run_blocking_write)
     reads             backend.read (XREAD BLOCK through blocking.run_blocking_read)
     MULTI/EXEC        fsm resolve_transaction -> backend.submit: one request, atomic
+    WATCH             remembers (key, applied index now); EXEC sends them in its
+                      request and the fsm aborts it at apply if a key changed
+                      since (fsm/watch.py): correct whichever leader applies it
 
 RESP clients carry no request ids, so requests are anonymous (client_id 0):
 recording their results in the at-most-once table would only evict the
@@ -56,15 +60,19 @@ from ..engine.replies import OK, Status
 from ..engine.stream_args import parse_xread_args
 from ..engine.streamid import string2ll
 from ..fsm.blocking import is_blocking_form
-from ..fsm.entry import MAX_TXN_COMMANDS
+from ..fsm.config_set import is_engine_setting, parse_config_set_with
+from ..fsm.entry import MAX_TXN_COMMANDS, MAX_WATCHED_KEYS
 from ..fsm.errors import EXECABORT_TEXT
 from ..fsm.resolve import queue_check, resolve_command, resolve_config_set, \
     resolve_transaction
+from .admin_cmds import debug_command, function_command
 from .backend import BackendError, LocalBackend
 from .blocking import BlockingRegistry, WaiterClosed, run_blocking_read, run_blocking_write
 from .client_memory import ClientMemory, MeteredReading
+from .client_cmds import check_name, client_command, format_addr, info_line
 from .cluster_cmds import Verbatim, cluster_command, command_keys, encode_verbatim, redirect
 from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
+from .node_config import PARSERS as NODE_SETTINGS, apply_node_settings
 from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
                    RespParser, RespProtocolError, encode_error, encode_reply)
 from .wire_errors import noauth_message, not_leader_message, unavailable_message
@@ -78,9 +86,6 @@ ERR_NOPASS = ("ERR AUTH <password> called without any password configured for th
 ERR_HELLO_NOAUTH = ("NOAUTH HELLO must be called with the client already authenticated, otherwise the "
                     "HELLO AUTH <user> <pass> option can be used to authenticate the client and select "
                     "the RESP protocol version at the same time")
-ERR_BAD_NAME = "ERR Client names cannot contain spaces, newlines or special characters."
-ERR_WATCH = ("ERR xraft: WATCH is not supported; MULTI/EXEC is applied atomically as one log entry "
-             "without it")
 QUEUED = Status("QUEUED")
 PONG = Status("PONG")
 
@@ -88,6 +93,8 @@ _FLUSH_BYTES = 64 * 1024        # write accumulated pipeline replies at least th
 _NO_AUTH = frozenset((b"auth", b"hello", b"quit", b"reset"))
 # Run at once even inside MULTI (redis: execCommand, discardCommand, multiCommand,
 # watchCommand, quitCommand, resetCommand are never queued).
+_CONTAINERS = frozenset((b"client", b"config", b"cluster", b"command", b"function", b"object",
+                         b"xgroup", b"xinfo"))
 _NOT_QUEUED = frozenset((b"exec", b"discard", b"multi", b"watch", b"quit", b"reset"))
 
 
@@ -125,6 +132,11 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         self.proto = 2
         self.authenticated = server.requirepass is None
         self.multi = None               # _Multi while a MULTI is open
+        # WATCHed key -> the applied log index when it was watched (fsm/watch.py).
+        # Invariant: len(watched) <= MAX_WATCHED_KEYS; cleared by EXEC, DISCARD, UNWATCH, RESET.
+        self.watched = {}
+        self.blocked = False            # a blocking command is parked (CLIENT LIST flag b)
+        self.fd = -1
         self.readonly = False           # READONLY: a follower may serve reads stale
         self.created = time.monotonic()
         self.last_active = self.created
@@ -160,8 +172,10 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         self.id = server.next_client_id()
         self._memory_start(server.client_memory)
         peer, sock = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
-        self.addr = "%s:%s" % peer[:2] if peer else ""
-        self.laddr = "%s:%s" % sock[:2] if sock else ""
+        self.addr = format_addr(peer)
+        sock_obj = transport.get_extra_info("socket")
+        self.fd = sock_obj.fileno() if sock_obj is not None else -1
+        self.laddr = format_addr(sock)
         server.clients[self.id] = self
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -192,6 +206,15 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         self._data.set()
         self.server.registry.fail_owner(self, WaiterClosed())
         self.server.client_gone(self)
+
+    def kill(self):
+        """CLIENT KILL of this client by another: close now (redis freeClient)."""
+        if not self.closed and self.transport is not None:
+            self.transport.abort()
+
+    def close_after_reply(self):
+        """CLIENT KILL of the caller itself: reply, then close (CLIENT_CLOSE_AFTER_REPLY)."""
+        self._quit = True
 
     def drain(self):
         """Shutdown: finish the running command, flush, close (RespServer.shutdown)."""
@@ -304,11 +327,14 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
     # -- dispatch -------------------------------------------------------------------------
     async def _dispatch(self, argv):
         name = bytes(argv[0]).lower()
-        self.last_cmd = name.decode("latin-1")
+        cmd = name.decode("latin-1")
+        # CLIENT LIST's cmd= field: redis names a container command with its subcommand.
+        self.last_cmd = (cmd + "|" + bytes(argv[1][:32]).lower().decode("latin-1")
+                         if name in _CONTAINERS and len(argv) > 1 else cmd)
         if name in SERVER_HANDLERS:
-            arity = SERVER_COMMANDS[self.last_cmd][0]
+            arity = SERVER_COMMANDS[cmd][0]
             if (arity > 0 and len(argv) != arity) or (arity < 0 and len(argv) < -arity):
-                return self._reject(wrong_arity(self.last_cmd))
+                return self._reject(wrong_arity(cmd))
             if not self.authenticated and name not in _NO_AUTH:
                 return self._reject(CommandError(noauth_message()))
             if self.multi is not None and name not in _NOT_QUEUED:
@@ -317,8 +343,14 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
                         queue_check(argv)         # CONFIG SET's arity error is a queue-time error
                     except EngineError as e:
                         return self._reject(e)
+                    local = [bytes(argv[i]) for i in range(2, len(argv) - 1, 2)
+                             if bytes(argv[i]).lower() in NODE_SETTINGS]
+                    if local:                     # applied on this node, not in the log
+                        return self._reject(CommandError(
+                            "ERR xraft: CONFIG SET of node setting '%s' cannot be queued in MULTI"
+                            % local[0].decode("utf-8", "replace")))
                     return self._queue(argv)
-                return self._reject(CommandError("ERR xraft: '%s' cannot be queued in MULTI" % self.last_cmd))
+                return self._reject(CommandError("ERR xraft: '%s' cannot be queued in MULTI" % cmd))
             return await SERVER_HANDLERS[name](self, argv)
         try:
             spec = lookup(argv)
@@ -342,13 +374,20 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         if spec.is_write:
             resolved = resolve_command(0, 0, argv)
             if resolved.plan is not None:
-                return await run_blocking_write(backend, registry, resolved, self)
+                return await self._blocked(run_blocking_write(backend, registry, resolved, self))
             return (await backend.submit([resolved.request]))[0]
         if name == b"xread" and is_blocking_form(argv):
             args = parse_xread_args(argv, False)
-            return await run_blocking_read(backend, registry, argv, list(dict.fromkeys(args.keys)),
-                                           args.timeout_ms, linearizable, self)
+            return await self._blocked(run_blocking_read(backend, registry, argv, list(dict.fromkeys(args.keys)),
+                                                         args.timeout_ms, linearizable, self))
         return await backend.read(argv, linearizable)
+
+    async def _blocked(self, coro):
+        self.blocked = True
+        try:
+            return await coro
+        finally:
+            self.blocked = False
 
     def _reject(self, err: EngineError):
         """An error while MULTI is open also dooms the transaction (redis flagTransaction)."""
@@ -408,7 +447,7 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
                 self._set_authenticated()
                 j += 3
             elif opt == b"setname" and more:
-                err = self._set_name(bytes(argv[j + 1]))
+                err = self.set_name(bytes(argv[j + 1]))
                 if err is not None:
                     return err
                 j += 2
@@ -424,42 +463,17 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
                 b"role": b"master" if self.server.backend.is_leader() else b"replica",
                 b"modules": []}
 
-    def _set_name(self, name: bytes):
-        if any(c < 0x21 or c > 0x7E for c in name):
-            return CommandError(ERR_BAD_NAME)
-        self.name = name or None
-        return None
+    def set_name(self, name: bytes):
+        err = check_name(name)
+        if err is None:
+            self.name = name or None
+        return err
 
     def info_line(self) -> str:
-        now = time.monotonic()
-        return ("id=%d addr=%s laddr=%s name=%s age=%d idle=%d flags=%s db=0 multi=%d "
-                "qbuf=%d obl=0 oll=0 omem=%d cmd=%s user=default resp=%d\n") % (
-            self.id, self.addr, self.laddr, (self.name or b"").decode("latin-1"),
-            now - self.created, now - self.last_active, "x" if self.multi is not None else "N",
-            len(self.multi.commands) if self.multi is not None else -1, self.parser.buffered_bytes,
-            self.transport.get_write_buffer_size() if not self.closed else 0, self.last_cmd, self.proto)
+        return info_line(self)
 
     async def cmd_client(self, argv):
-        sub = bytes(argv[1]).lower()
-        n = len(argv)
-        fixed = {b"id": 2, b"getname": 2, b"setname": 3, b"info": 2}
-        if sub in fixed and n != fixed[sub]:
-            return wrong_arity("client|" + sub.decode())
-        if sub == b"id":
-            return self.id
-        if sub == b"getname":
-            return self.name
-        if sub == b"setname":
-            err = self._set_name(bytes(argv[2]))
-            return OK if err is None else err
-        if sub == b"info":
-            return Verbatim(self.info_line().encode())
-        if sub == b"list":
-            if n != 2:
-                return syntax_error()
-            return Verbatim("".join(c.info_line() for c in list(self.server.clients.values())).encode())
-        return CommandError("ERR unknown subcommand '%s'. Try CLIENT HELP."
-                            % bytes(argv[1])[:128].decode("utf-8", "replace"))
+        return client_command(self, argv)
 
     async def cmd_select(self, argv):
         db = string2ll(bytes(argv[1]))
@@ -473,6 +487,7 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
 
     async def cmd_reset(self, argv):
         self.multi = None
+        self.watched = {}
         self.readonly = False
         self.name = None
         self.proto = 2
@@ -491,26 +506,50 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         if self.multi is None:
             return CommandError("ERR DISCARD without MULTI")
         self.multi = None
+        self.watched = {}
         return OK
 
     async def cmd_exec(self, argv):
-        multi, self.multi = self.multi, None
-        if multi is None:
+        if self.multi is None:
             return CommandError("ERR EXEC without MULTI")
+        multi, self.multi = self.multi, None
+        watched, self.watched = self.watched, {}
         if multi.failed:
             return EngineError(EXECABORT_TEXT)
-        if not multi.commands:
+        if not multi.commands and not watched:
             return []
-        request = resolve_transaction(0, 0, multi.commands)
+        # Watched keys: the fsm compares their versions with these indices when
+        # it applies the transaction (fsm/watch.py), on whichever leader that is.
+        request = resolve_transaction(0, 0, multi.commands, list(watched.items()))
         return (await self.server.backend.submit([request]))[0]
 
     async def cmd_watch(self, argv):
         if self.multi is not None:
             return CommandError("ERR WATCH inside MULTI is not allowed")
-        return CommandError(ERR_WATCH)
+        keys = [bytes(k) for k in argv[1:]]
+        backend = self.server.backend
+        moved = redirect(backend, keys)
+        if moved is not None:
+            return CommandError(moved)
+        new = [k for k in dict.fromkeys(keys) if k not in self.watched]
+        if len(self.watched) + len(new) > MAX_WATCHED_KEYS:
+            return CommandError("ERR xraft: too many watched keys (limit %d)" % MAX_WATCHED_KEYS)
+        # Every entry up to this index is applied here, so the client's reads
+        # after this WATCH see them; any later change of a key aborts its EXEC.
+        index = backend.applied_index()
+        for k in new:
+            self.watched[k] = index                # a key watched again keeps its first index
+        return OK
 
     async def cmd_unwatch(self, argv):
-        return OK                                  # nothing can be watched
+        self.watched = {}
+        return OK
+
+    async def cmd_function(self, argv):
+        return function_command(argv)
+
+    async def cmd_debug(self, argv):
+        return await debug_command(argv)
 
     async def cmd_readonly(self, argv):
         self.readonly = True
@@ -531,8 +570,18 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
             return config_get(self.server, argv)
         if sub == b"set":
             queue_check(argv)                      # arity, as redis: 'config|set'
-            request = resolve_config_set(0, 0, argv)
-            return (await self.server.backend.submit([request]))[0]
+            # Engine and node settings are checked together (all or nothing);
+            # the engine's go through the log, the node's are set here after.
+            _, local = parse_config_set_with(argv, NODE_SETTINGS)
+            engine = [bytes(a) for i in range(2, len(argv) - 1, 2) if is_engine_setting(argv[i])
+                      for a in (argv[i], argv[i + 1])]
+            if engine:
+                request = resolve_config_set(0, 0, list(argv[:2]) + engine)
+                reply = (await self.server.backend.submit([request]))[0]
+                if isinstance(reply, EngineError):
+                    return reply
+            apply_node_settings(self.server, local)
+            return OK
         if sub == b"resetstat" and len(argv) == 2:
             return OK
         return CommandError("ERR unknown subcommand '%s'. Try CONFIG HELP."
@@ -560,6 +609,7 @@ class RespServer:
         self.client_memory = client_memory or ClientMemory()
         self.registry = BlockingRegistry(self.limits.max_blocked_clients)
         self.clients = {}
+        self.node_settings = {}           # node_config.py: settings CONFIG SET gave this node
         self.started = time.monotonic()
         self.stats_connections = 0
         self.stats_rejected = 0

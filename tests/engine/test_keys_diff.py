@@ -157,3 +157,24 @@ def test_flush_and_wrongtype(redis):
               [b"FLUSHALL", b"SYNC", b"x"], [b"FLUSHALL", b"ASYNC"], [b"DBSIZE"], [b"FLUSHDB"], [b"FLUSHALL"]]
     for argv in script:
         assert engine_call(db, *argv) == redis.call(*argv), argv
+
+
+NUMERIC = st.one_of(st.integers(-2**64, 2**64).map(lambda n: b"%d" % n),
+                    st.sampled_from([b"0", b"-0", b"007", b"+1", b" 1", b"1 ", b"9999", b"10000", b"-1",
+                                     b"9223372036854775807", b"9223372036854775808", b"1.5", b"1e3"]))
+OBJECT_VALUE = st.one_of(NUMERIC, VALUE, st.integers(40, 50).map(lambda n: b"y" * n))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.sampled_from([b"SET", b"RPUSH", b"XADD"]), OBJECT_VALUE), min_size=1, max_size=8))
+def test_object_matches_redis(redis_oracle, writes):
+    """OBJECT ENCODING/REFCOUNT/FREQ of what the engine holds, in redis 7.0's words."""
+    redis_oracle.flush()
+    db = Keyspace()
+    for i, (cmd, value) in enumerate(writes):
+        key = b"k%d" % i
+        argv = [cmd, key, value] if cmd != b"XADD" else [cmd, key, b"*", b"f", value]
+        assert type(engine_call(db, *argv, now_ms=NOW_MS)) is type(redis_oracle.call(*argv))
+        for sub in (b"ENCODING", b"REFCOUNT", b"FREQ"):
+            argv = [b"OBJECT", sub, key]
+            assert engine_call(db, *argv) == redis_oracle.call(*argv), (argv, value)

@@ -1,4 +1,4 @@
-"""Random logs of fsm records: lists, keys, streams, groups, MULTI, CONFIG, retries, time jumps.
+"""Random logs of fsm records: lists, keys, streams, groups, MULTI (WATCHed too), CONFIG, retries, time jumps.
 
 `gen_log(picker, steps)` returns record bytes (b"" = Raft's empty entry). The
 picker is either a hypothesis `st.data()` (shrinkable) or a `random.Random`,
@@ -119,6 +119,10 @@ def gen_log(p, steps: int) -> list:
                 req = Request.config(cid, seq, p.pick(CONFIGS).encode().split())
             elif kind in (2, 3):
                 req = Request.multi(cid, seq, [_command(p, now) for _ in range(p.int(0, 3))])
+            elif kind == 5:                              # EXEC after WATCH, at some earlier index
+                watched = [(p.pick(LISTS + STREAMS + ["k1"]).encode(), p.int(0, len(log)))
+                           for _ in range(p.int(1, 2))]
+                req = Request.watched_multi(cid, seq, watched, [_command(p, now) for _ in range(p.int(0, 2))])
             elif kind == 4:
                 req = Request.noop()
             else:

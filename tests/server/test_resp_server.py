@@ -249,13 +249,6 @@ def test_multi_exec(srv, redis):
         c.close()
 
 
-def test_watch_refused_clearly(srv):
-    c = srv.client()
-    with pytest.raises(redispy.ResponseError, match="WATCH is not supported"):
-        c.execute_command("WATCH", "k")
-    assert c.execute_command("UNWATCH") is True
-
-
 def test_auth_and_requirepass(redis):
     s = ServerThread(requirepass="sekret")
     try:

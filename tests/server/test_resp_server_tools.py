@@ -61,3 +61,28 @@ def test_redis_benchmark(srv, redis):
     print("\nredis-benchmark -t ping,lpush -n 2000 -q (requests/s)   xraft   redis-server")
     for name in ("PING_INLINE", "PING_MBULK", "LPUSH"):
         print("  %-12s %10s %10s" % (name, ours[name], theirs.get(name)))
+
+
+def test_redis_py_optimistic_transactions(srv, redis):
+    """redis-py's WATCH/MULTI/EXEC helper (Redis.transaction): a concurrent write
+    aborts the first attempt (WatchError inside, retried), as against redis."""
+    import redis as redispy
+    outcomes = []
+    for port in (redis.port, srv.port):
+        r, other = redispy.Redis(port=port), redispy.Redis(port=port)
+        r.set("counter", "0")
+        seen = []
+
+        def incr(pipe):
+            value = int(pipe.get("counter"))
+            seen.append(value)
+            if len(seen) == 1:
+                other.set("counter", "100")          # another client writes between WATCH and EXEC
+            pipe.multi()
+            pipe.set("counter", value + 1)
+
+        assert r.transaction(incr, "counter") == [True]
+        outcomes.append((seen, r.get("counter")))
+        r.close()
+        other.close()
+    assert outcomes[1] == outcomes[0] == ([0, 100], b"101")
