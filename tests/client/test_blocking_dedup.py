@@ -32,7 +32,7 @@ class _LosesServedReply(LocalBackend):
     async def submit(self, requests):
         results = await super().submit(requests)
         for r, res in zip(requests, results):
-            if r.client_id and not self.lost and r.commands[0][0].upper() in (b"LPOP", b"LMOVE", b"XREADGROUP") \
+            if r.client_id and not self.lost and r.commands and r.commands[0][0].upper() in (b"LPOP", b"LMOVE", b"XREADGROUP") \
                     and res is not None and res is not NULL_ARRAY:
                 self.lost += 1
                 raise UnknownOutcome()
@@ -90,8 +90,15 @@ def _apply(sm, *requests):
     return sm.apply(sm.applied_index + 1, encode_record(1000 + sm.applied_index, requests))
 
 
-def test_an_empty_attempt_runs_again_and_a_served_one_is_deduplicated():
+def _registered(client_id):
+    """A state machine where client_id has a session (sessions.py: ids register first)."""
     sm = StateMachine()
+    _apply(sm, Request.register(client_id))
+    return sm
+
+
+def test_an_empty_attempt_runs_again_and_a_served_one_is_deduplicated():
+    sm = _registered(7)
     lpop = Request.command(7, 1, (b"LPOP", b"l"))
     assert _apply(sm, lpop) == [None]                              # nothing to serve: recorded empty
     _apply(sm, Request.command(0, 0, (b"RPUSH", b"l", b"a", b"b")))
@@ -108,7 +115,7 @@ def test_an_empty_attempt_runs_again_and_a_served_one_is_deduplicated():
 @pytest.mark.parametrize("argv,length", [((b"RPUSH", b"l", b"x"), (b"LLEN", b"l")),
                                          ((b"XADD", b"s", b"*", b"f", b"v"), (b"XLEN", b"s"))])
 def test_other_writes_never_run_again(argv, length):
-    sm = StateMachine()
+    sm = _registered(7)
     req = Request.command(7, 1, argv)
     first = _apply(sm, req)
     assert _apply(sm, req) == first                                # deduplicated as before
