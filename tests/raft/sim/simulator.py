@@ -155,8 +155,8 @@ class Simulation:
         """Like a real transport, tell a sender that its snapshot stream broke (else it waits forever)."""
         for m in lost:
             src = self.nodes.get(m.frm)
-            if m.type == MT.SNAP and src is not None and src.is_up():
-                src.call(src.rn.report_snapshot, m.to, False)
+            if m.type == MT.SNAP and src is not None:
+                src.report_snapshot(m.to, False)
 
     def up_nodes(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.is_up()]
@@ -182,15 +182,15 @@ class Simulation:
             fate = "nobody"
         self.trace_event(fate, m)
         if fate != "deliver":
-            if src is not None and src.is_up() and fate == "blocked":
-                src.call(src.rn.report_unreachable, m.to)
-            if m.type == MT.SNAP and src is not None and src.is_up():
-                src.call(src.rn.report_snapshot, m.to, False)
+            if src is not None and fate == "blocked":
+                src.report_unreachable(m.to)
+            if m.type == MT.SNAP and src is not None:
+                src.report_snapshot(m.to, False)
             return
         dst.step(m)
         if m.type == MT.SNAP and m.chunk_offset + len(m.snapshot.data) == m.chunk_total:
-            if src is not None and src.is_up():
-                src.call(src.rn.report_snapshot, m.to, True)
+            if src is not None:
+                src.report_snapshot(m.to, True)
 
     def fault(self) -> None:
         c, rng = self.cfg, self.rng
@@ -213,8 +213,9 @@ class Simulation:
         elif kind == "pause":
             paused = [n for n in nodes if self.nodes[n].paused]
             if paused and rng.random() < 0.6:
-                self.nodes[rng.choice(paused)].paused = False
-                self.trace_event("resume", paused)
+                nid = rng.choice(paused)
+                self.nodes[nid].resume()
+                self.trace_event("resume", nid)
             else:
                 nid = rng.choice(nodes)
                 self.nodes[nid].paused = True
@@ -300,7 +301,7 @@ class Simulation:
         self.net.heal()
         self.lossy = False
         for node in self.nodes.values():
-            node.paused = False
+            node.resume()
             if node.crashed:
                 self.restart(node)
         self.trace_event("heal-all")
