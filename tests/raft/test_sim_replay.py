@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from xraft.node.raft.types import Message, MessageType as MT
+
 from tests.raft.sim import simulator
+from tests.raft.sim.checker import SafetyViolation
 from tests.raft.sim.network import NetConfig
 
 # (seed, steps, what it found) — see docs/simulator.md for each bug's story. Each of these
@@ -75,3 +78,21 @@ def test_a_corrupted_apply_is_caught():
         simulator.run(11, cfg)
     assert "state machine safety" in info.value.reason or "state hash" in info.value.reason
     assert "XRAFT_SIM_SEED=11" in str(info.value) and "reproduce" in str(info.value)
+
+
+def test_the_network_applies_the_transports_link_rule():
+    """Issue 9 C5: the simulated network refuses what GrpcTransport refuses (types.link_violation):
+    a message on node 2's link claiming another sender fails the seed, unless it is a forwarded
+    request. Seeds 179 and 320 forward requests twice, over a link that is not their frm's."""
+    sim = simulator.Simulation(5, simulator.config_for_seed(5, steps=10))
+    sim.send(Message(MT.READ_INDEX, to=3, frm=1, context=b"r"), via=2)  # forwarded twice: fine
+    sim.deliver([0])
+    sim.send(Message(MT.HEARTBEAT, to=3, frm=1, term=sim.nodes[1].rn.raft.term), via=2)
+    with pytest.raises(SafetyViolation, match="would end the stream of node 2: HEARTBEAT message from 1"):
+        sim.deliver([0])
+    relayed = 0
+    for seed in (179, 320):
+        sim = simulator.Simulation(seed, simulator.config_for_seed(seed, steps=1500))
+        sim.run()
+        relayed += sim.relayed
+    assert relayed > 0, "no request was delivered over a link other than its originator's"

@@ -143,7 +143,7 @@ class SimNode:
         rd = self.rn.ready()
         self.sim.checker.on_ready(self, rd)
         for m in rd.messages:
-            self.sim.send(m)
+            self.sim.send(m, self.id)
         st = self.storage
         if rd.snapshot is not None:
             st.apply_snapshot(rd.snapshot)
@@ -155,7 +155,7 @@ class SimNode:
         if "early_persisted_messages" in self.sim.cfg.inject:
             # INJECTED BUG (checker self-test): promise durable state before it is durable.
             for m in rd.persisted_messages:
-                self.sim.send(m)
+                self.sim.send(m, self.id)
         self.pending = rd
 
     def sync_ready(self) -> None:
@@ -166,7 +166,7 @@ class SimNode:
             self.commit_floor = max(self.commit_floor, self.storage.hard_state().commit)
         if "early_persisted_messages" not in self.sim.cfg.inject:
             for m in rd.persisted_messages:
-                self.sim.send(m)
+                self.sim.send(m, self.id)
         if rd.snapshot is not None:
             snap = rd.snapshot
             self.kv = KVStore.restore(snap.data)
