@@ -414,6 +414,19 @@ def run(seed: int, cfg: Optional[SimConfig] = None, test_file: str = "tests/raft
                          repro_command(seed, cfg.steps, test_file)) from e
 
 
+def soak_failures(seeds: range, make_cfg, test_file: str) -> list[str]:
+    """Run every seed (config make_cfg(seed)); one line + reproduction command per failing seed."""
+    failures = []
+    for seed in seeds:
+        cfg = make_cfg(seed)
+        try:
+            run(seed, cfg, test_file=test_file)
+        except SimFailure as e:
+            failures.append(f"seed {seed}: {e.reason.splitlines()[0][:200]}\n  reproduce: "
+                            + repro_command(seed, cfg.steps, test_file))
+    return failures
+
+
 def _safe_nodes(sim: Simulation) -> str:
     try:
         return sim.describe_nodes()
