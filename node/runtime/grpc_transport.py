@@ -40,8 +40,8 @@ of 0 or more than max_batch_messages messages, or a message whose sender or
 receiver is not the stream's authenticated pair ends the stream
 (INVALID_ARGUMENT) and is logged — except that a forwarded proposal, ReadIndex
 or transfer request keeps its originator as sender (types.link_violation: a
-node forwarding a proposal it got forwarded must not cut its own link); a message the codec cannot decode is
-dropped and counted (peer.proto: it does not end the stream, so one message
+node passing on a request it was forwarded must not cut its own link); a
+message the codec cannot decode is dropped and counted (peer.proto: it does not end the stream, so one message
 kind a newer peer speaks cannot cut a whole link). Envelopes over our
 max_envelope_bytes are refused by gRPC itself (max_receive_message_length).
 SnapshotChunk / SnapshotAck frames are not used: the Raft core already cuts
