@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from xraft.node.raft.types import Message, MessageType as MT
+from xraft.node.raft.progress import ProgressState
+from xraft.node.raft.types import Message, MessageType as MT, StateRole
 
 from tests.raft.sim import simulator
 from tests.raft.sim.checker import SafetyViolation
@@ -96,3 +97,27 @@ def test_the_network_applies_the_transports_link_rule():
         sim.run()
         relayed += sim.relayed
     assert relayed > 0, "no request was delivered over a link other than its originator's"
+
+
+def test_a_paused_leader_gets_its_snapshot_report_on_resume():
+    """Issue 9 A, the harness side: a report_snapshot for a paused leader was dropped, so its
+    progress stayed in SNAPSHOT (always paused) and the follower was left behind for good
+    (seed 1335 above). Reports wait for the resume, as a stopped process's completions do."""
+    sim = simulator.Simulation(7, simulator.SimConfig(nodes=3, w_client=0.0))
+    lead = sim.nodes[1]
+    lead.call(lead.rn.campaign)
+    while lead.role() != StateRole.LEADER:
+        sim.step_once(faults=False)
+    pr = lead.rn.raft.trk.progress[2]
+    pr.become_snapshot(lead.rn.raft.raft_log.last_index())  # as if a MsgSnap were in flight
+    lead.paused = True
+    lead.report_snapshot(2, True)
+    lead.report_unreachable(3)
+    assert pr.state == ProgressState.SNAPSHOT  # nothing reaches a stopped process...
+    lead.resume()
+    assert pr.state == ProgressState.PROBE  # ...until it runs again
+    lead.paused = True
+    lead.report_snapshot(3, False)
+    lead.crash()
+    lead.resume()  # a crash discards them: that progress is gone with the process
+    assert not lead.deferred_snap_reports and not lead.deferred_unreachable
