@@ -332,6 +332,11 @@ def _handle_append_response(r: "Raft", m: Message, pr) -> None:
         # The snapshot (or catch-up) brought it to where our log can take over.
         pr.become_probe()
         pr.become_replicate()
+    elif pr.state == ProgressState.SNAPSHOT and pr.match >= pr.pending_snapshot:
+        # The follower holds the snapshot we sent (its ack proves it), but our log was compacted
+        # past it meanwhile. Waiting for report_snapshot would strand the follower for good if
+        # that report never comes (etcd waits): probe now, which sends a newer snapshot below.
+        pr.become_probe()
     elif pr.state == ProgressState.REPLICATE:
         pr.inflights.free_le(m.index)
     if maybe_commit(r):

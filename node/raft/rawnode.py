@@ -44,6 +44,7 @@ from .progress import ProgressState
 from .raft import Raft
 from .storage import Storage
 from .types import (
+    FORWARDED_MESSAGES,
     LOCAL_MESSAGES,
     NONE,
     RESPONSE_MESSAGES,
@@ -139,10 +140,10 @@ class RawNode:
             raise StepError("local message received from the network", m.type, m.frm)
         if m.to != self.id and m.to != NONE:
             raise StepError(f"message addressed to {m.to}", m.type, m.frm)
-        # A forwarded proposal or read keeps its originator in `frm`, so one can come back to
-        # its originator (two followers with stale leader hints bounce it; found by the
+        # A forwarded proposal, read or transfer keeps its originator in `frm`, so one can come
+        # back to its originator (two followers with stale leader hints bounce it; found by the
         # simulator). Every other message from ourselves over the network is a bug.
-        if m.frm == NONE or (m.frm == self.id and m.type not in (MT.PROP, MT.READ_INDEX)):
+        if m.frm == NONE or (m.frm == self.id and m.type not in FORWARDED_MESSAGES):
             raise StepError("network message without a valid sender", m.type, m.frm)
         if m.type in RESPONSE_MESSAGES and m.frm not in self.raft.trk.progress:
             return  # a response from a node no longer in the configuration: irrelevant

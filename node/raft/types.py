@@ -120,6 +120,11 @@ class MessageType(enum.IntEnum):
 LOCAL_MESSAGES = frozenset(
     {MessageType.HUP, MessageType.BEAT, MessageType.UNREACHABLE, MessageType.CHECK_QUORUM}
 )
+# Requests a node passes on to its leader with their originator kept in `frm`: the leader
+# answers a ReadIndex to the node that holds the waiting read, a forwarded transfer names its
+# target in `frm`, and a proposal may travel two hops (stale leader hints). So over the link
+# of node A they may name any sender; see link_violation().
+FORWARDED_MESSAGES = frozenset({MessageType.PROP, MessageType.READ_INDEX, MessageType.TRANSFER_LEADER})
 RESPONSE_MESSAGES = frozenset(
     {
         MessageType.APP_RESP,
@@ -192,6 +197,26 @@ def message_with(m: Message, to: int, frm: int, term: int) -> Message:
     """
     return Message(m.type, to, frm, term, m.log_term, m.index, m.entries, m.commit, m.snapshot,
                    m.reject, m.reject_hint, m.context, m.chunk_offset, m.chunk_total)
+
+
+def link_violation(m: Message, link_from: int, link_to: int) -> Optional[str]:
+    """Why `m` may not arrive over the authenticated link link_from -> link_to; None if it may.
+
+    The one acceptance rule of every transport (GrpcTransport ends the stream on a violation)
+    and of the simulator's network. A message must be addressed to the link's receiver and be
+    a network message. Its sender must be the link's sender, except for FORWARDED_MESSAGES:
+    requests any member may make anyway (a proposal, a read, a transfer), whose `frm` names the
+    originator. Votes, appends, heartbeats, snapshots and every response carry authority or
+    state of their sender and are accepted only from the node that authenticated the link.
+    """
+    t = m.type
+    if t in LOCAL_MESSAGES:
+        return f"local-only {t.name} message"
+    if m.to != link_to:
+        return f"{t.name} message to {m.to} on a link to {link_to}"
+    if m.frm == link_from or (t in FORWARDED_MESSAGES and m.frm != NONE):
+        return None
+    return f"{t.name} message from {m.frm} on the link of node {link_from}"
 
 
 class ConfChangeType(enum.IntEnum):

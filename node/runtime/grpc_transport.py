@@ -40,8 +40,10 @@ delivering before the new one starts: batches of a link are never reordered.
 Every byte is checked: a frame other than RaftBatch after the Hello, a batch
 of 0 or more than max_batch_messages messages, or a message whose sender or
 receiver is not the stream's authenticated pair ends the stream
-(INVALID_ARGUMENT) and is logged; a message the codec cannot decode is
-dropped and counted (peer.proto: it does not end the stream, so one message
+(INVALID_ARGUMENT) and is logged — except that a forwarded proposal, ReadIndex
+or transfer request keeps its originator as sender (types.link_violation: a
+node passing on a request it was forwarded must not cut its own link); a
+message the codec cannot decode is dropped and counted (peer.proto: it does not end the stream, so one message
 kind a newer peer speaks cannot cut a whole link). Envelopes over our
 max_envelope_bytes are refused by gRPC itself (max_receive_message_length).
 SnapshotChunk / SnapshotAck frames are not used: the Raft core already cuts
@@ -81,7 +83,7 @@ from google.protobuf.message import DecodeError
 
 from ...proto.v1 import peer_pb2, peer_pb2_grpc
 from ..raft.codec import CodecError, decode_message, encode_message
-from ..raft.types import LOCAL_MESSAGES, Message
+from ..raft.types import Message, link_violation
 from .peer_auth import MAX_ENVELOPE_BYTES, MIN_ENVELOPE_BYTES, HelloRefused, PeerAuthenticator, \
     RefusalCode
 from .transport import Batch, TransportHandler
@@ -781,10 +783,13 @@ class GrpcTransport:
                         self._rlog(logging.WARNING, ("codec", frm), "node %d: dropped an undecodable message "
                                    "from node %d (group %d): %s", me, frm, gm.group_id, exc)
                         continue
-                    # The authenticated pair must be the message's: a peer speaking for
-                    # another node (or about local-only events) is broken or hostile.
-                    if m.frm != frm or m.to != me or m.type in LOCAL_MESSAGES:
-                        await self._violation(context, frm, f"{m.type.name} message from {m.frm} to {m.to}")
+                    # The authenticated pair must be the message's (a peer speaking for
+                    # another node, or about local-only events, is broken or hostile), except
+                    # for requests forwarded with their originator in frm: one rule, shared
+                    # with the simulator's network (types.link_violation).
+                    why = link_violation(m, frm, me)
+                    if why is not None:
+                        await self._violation(context, frm, why)
                     batch.append((gm.group_id, m))
                 if not batch:
                     continue

@@ -19,6 +19,13 @@ reordered. The transport never raises into the sender's loop:
   * silent loss (a packet dropped on the floor) is allowed and handled by
     Raft's retries.
 
+What a receiver accepts from an authenticated peer is one rule,
+raft.types.link_violation (GrpcTransport ends the stream on a violation, the
+Raft simulator's network fails the seed): messages addressed to the receiver,
+from the peer itself — except forwarded proposals, ReadIndex and transfer
+requests, which keep their originator in `frm` (the leader answers a read to
+the node holding it) and may arrive over the link of a node that passed them on.
+
 LocalTransport is the in-process implementation: drivers in one process (one
 event loop) exchange batches through loop.call_soon / call_later, with
 injectable faults for tests: partitions, down nodes, random loss, latency,

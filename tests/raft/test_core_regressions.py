@@ -164,3 +164,33 @@ def test_reordered_snapshot_chunks_are_assembled():
     assert n.storage[3].snapshot().data == data
     n.tick_and_stabilize(3)
     assert n.log(3) == n.log(1) and n.role(3) == StateRole.FOLLOWER
+
+
+def test_snapshot_ack_ends_snapshot_state_when_the_log_moved_past_it():
+    """Issue 9 A: a follower acked the snapshot it was sent (match >= pending snapshot), but the
+    leader had compacted past it meanwhile and report_snapshot never came (a paused leader in
+    the simulator, seeds 500490 and others). The leader left SNAPSHOT only on the report or
+    when its log could take over (etcd's rule), so it heartbeat the follower for ever and never
+    sent anything else. The ack alone must end the state (and bring a newer snapshot)."""
+    n = Net([1, 2, 3])
+    n.elect(1)
+    n.isolate(3)
+    for k in range(5):
+        n.propose(1, b"e%d" % k)
+    n.compact(1, b"first")
+    n.heal()
+    held = []  # the snapshot for 3, held in flight: this harness never calls report_snapshot
+    n.filters.append(lambda m: m.type == MT.SNAP and not held.append(m) and True)
+    n.tick_and_stabilize(2)
+    assert held and n.nodes[1].raft.trk.progress[3].state.name == "SNAPSHOT"
+    for k in range(5):
+        n.propose(1, b"f%d" % k)
+    n.compact(1, b"second")  # the leader's log now starts past the snapshot in flight
+    n.filters.clear()
+    for m in held:
+        n.nodes[3].step(m)
+    n.stabilize()  # 3 installs it and acks its index; the leader must send the newer snapshot
+    n.tick_and_stabilize(3)
+    assert n.storage[3].snapshot().data == b"second"
+    assert n.committed(3) == n.committed(1)
+    assert n.nodes[1].raft.trk.progress[3].state.name == "REPLICATE"

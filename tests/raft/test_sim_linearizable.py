@@ -7,6 +7,7 @@ ReadIndex round must be caught.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,7 @@ from tests.raft.sim.seeds import selected_seeds, selected_steps
 LIN_SEEDS = 60
 LIN_STEPS = 2000
 LIN_BASE = 500_000  # distinct from the safety seeds
+SOAK_BASE = 5_000_000  # soak seeds never overlap the CI ones (nor the safety soak's)
 
 _SEEDS = selected_seeds(LIN_SEEDS, base=LIN_BASE)
 
@@ -54,3 +56,12 @@ def test_stale_local_reads_are_caught():
             assert "not linearizable" in e.reason, e.reason[:500]
             caught.append(seed)
     assert caught, "stale reads were never detected: the linearizability check proves nothing"
+
+
+@pytest.mark.soak
+def test_soak_many_seeds():
+    """Long run: XRAFT_SIM_SEEDS (default 2000) client-heavy seeds of LIN_STEPS; lists every failing seed."""
+    count = int(os.environ.get("XRAFT_SIM_SEEDS", 2000))
+    failures = simulator.soak_failures(range(SOAK_BASE, SOAK_BASE + count),
+                                       lambda s: client_heavy(s, LIN_STEPS), "tests/raft/test_sim_linearizable.py")
+    assert not failures, f"{len(failures)} of {count} seeds failed:\n" + "\n".join(failures[:50])

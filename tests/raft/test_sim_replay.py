@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from xraft.node.raft.progress import ProgressState
+from xraft.node.raft.types import Message, MessageType as MT, StateRole
+
 from tests.raft.sim import simulator
+from tests.raft.sim.checker import SafetyViolation
 from tests.raft.sim.network import NetConfig
 
 # (seed, steps, what it found) — see docs/simulator.md for each bug's story. Each of these
@@ -25,6 +29,7 @@ FOUND_BUGS = [
     (179, 1500, "bug 4: forwarded proposal back at its proposer raised StepError"),
     (320, 1500, "bug 4: forwarded proposal back at its proposer raised StepError"),
     (445, 1500, "harness: a crash lost MsgSnap chunks without report_snapshot(False)"),
+    (1335, 1500, "harness: a paused leader's report_snapshot was dropped, follower left behind"),
 ]
 
 
@@ -74,3 +79,45 @@ def test_a_corrupted_apply_is_caught():
         simulator.run(11, cfg)
     assert "state machine safety" in info.value.reason or "state hash" in info.value.reason
     assert "XRAFT_SIM_SEED=11" in str(info.value) and "reproduce" in str(info.value)
+
+
+def test_the_network_applies_the_transports_link_rule():
+    """Issue 9 C5: the simulated network refuses what GrpcTransport refuses (types.link_violation):
+    a message on node 2's link claiming another sender fails the seed, unless it is a forwarded
+    request. Seeds 179 and 320 forward requests twice, over a link that is not their frm's."""
+    sim = simulator.Simulation(5, simulator.config_for_seed(5, steps=10))
+    sim.send(Message(MT.READ_INDEX, to=3, frm=1, context=b"r"), via=2)  # forwarded twice: fine
+    sim.deliver([0])
+    sim.send(Message(MT.HEARTBEAT, to=3, frm=1, term=sim.nodes[1].rn.raft.term), via=2)
+    with pytest.raises(SafetyViolation, match="would end the stream of node 2: HEARTBEAT message from 1"):
+        sim.deliver([0])
+    relayed = 0
+    for seed in (179, 320):
+        sim = simulator.Simulation(seed, simulator.config_for_seed(seed, steps=1500))
+        sim.run()
+        relayed += sim.relayed
+    assert relayed > 0, "no request was delivered over a link other than its originator's"
+
+
+def test_a_paused_leader_gets_its_snapshot_report_on_resume():
+    """Issue 9 A, the harness side: a report_snapshot for a paused leader was dropped, so its
+    progress stayed in SNAPSHOT (always paused) and the follower was left behind for good
+    (seed 1335 above). Reports wait for the resume, as a stopped process's completions do."""
+    sim = simulator.Simulation(7, simulator.SimConfig(nodes=3, w_client=0.0))
+    lead = sim.nodes[1]
+    lead.call(lead.rn.campaign)
+    while lead.role() != StateRole.LEADER:
+        sim.step_once(faults=False)
+    pr = lead.rn.raft.trk.progress[2]
+    pr.become_snapshot(lead.rn.raft.raft_log.last_index())  # as if a MsgSnap were in flight
+    lead.paused = True
+    lead.report_snapshot(2, True)
+    lead.report_unreachable(3)
+    assert pr.state == ProgressState.SNAPSHOT  # nothing reaches a stopped process...
+    lead.resume()
+    assert pr.state == ProgressState.PROBE  # ...until it runs again
+    lead.paused = True
+    lead.report_snapshot(3, False)
+    lead.crash()
+    lead.resume()  # a crash discards them: that progress is gone with the process
+    assert not lead.deferred_snap_reports and not lead.deferred_unreachable

@@ -49,11 +49,7 @@ def test_the_seed_mix_covers_every_fault_and_both_sizes():
 def test_soak_many_seeds():
     """Long run: XRAFT_SIM_SEEDS (default 5000) seeds of SOAK_STEPS steps; lists every failing seed."""
     count = int(os.environ.get("XRAFT_SIM_SEEDS", 5000))
-    failures = []
-    for seed in range(SOAK_BASE, SOAK_BASE + count):
-        try:
-            simulator.run(seed, simulator.config_for_seed(seed, steps=SOAK_STEPS))
-        except simulator.SimFailure as e:
-            failures.append(f"seed {seed}: {e.reason.splitlines()[0][:200]}\n  reproduce: "
-                            + simulator.repro_command(seed, SOAK_STEPS))
+    failures = simulator.soak_failures(range(SOAK_BASE, SOAK_BASE + count),
+                                       lambda s: simulator.config_for_seed(s, steps=SOAK_STEPS),
+                                       "tests/raft/test_sim_safety.py")
     assert not failures, f"{len(failures)} of {count} seeds failed:\n" + "\n".join(failures[:50])

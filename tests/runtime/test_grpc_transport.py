@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from xraft.node.raft.codec import encode_message
-from xraft.node.raft.types import Entry, Message, MessageType as MT
+from xraft.node.raft.types import ConfState, Entry, Message, MessageType as MT, Snapshot, SnapshotMetadata
 from xraft.node.runtime import peer_auth
 from xraft.node.runtime.grpc_transport import GrpcTransport, TlsConfig, TransportError, TransportLimits, \
     server_options
@@ -469,6 +469,77 @@ def test_bad_frames_from_an_authenticated_peer(run):
             assert t1.stats.inbound.protocol_errors == 5 and t1.stats.inbound.hellos_refused == 1
             for c in (ch, ch3, ch4):
                 await c.close()
+        finally:
+            await close_all(ts)
+    run(main())
+
+
+def test_doubly_forwarded_requests_keep_their_originator_and_the_link_survives(run):
+    """Issue 9 C5: node 1 forwarded a proposal and a read to node 2 (a stale leader hint), and
+    2 forwards them to 3: frm stays 1 (the leader answers the read to 1), on 2's link. The
+    receiver used to end 2's whole stream (INVALID_ARGUMENT) for it: every message queued
+    behind was lost and the link redialled."""
+    async def main():
+        ts, recs = await make_nodes((1, 2, 3))
+        try:
+            await wait_until(lambda: ts[2].link_up(3), 10, "link 2->3 up")
+            forwarded = [
+                Message(type=MT.PROP, to=3, frm=1, entries=(Entry(0, 0, data=b"from 1"),)),
+                Message(type=MT.READ_INDEX, to=3, frm=1, context=b"read of 1"),
+                Message(type=MT.TRANSFER_LEADER, to=3, frm=1),  # a transfer to 1, forwarded
+                Message(type=MT.READ_INDEX, to=3, frm=3, context=b"back at its originator"),
+            ]
+            after = Message(type=MT.HEARTBEAT, to=3, frm=2, term=4, commit=1)
+            assert ts[2].send(3, [(1, m) for m in forwarded] + [(1, after)])
+            await wait_until(lambda: len(recs[3].messages(2)) == 5, 10, "the batch")
+            assert recs[3].messages(2) == [(1, m) for m in forwarded] + [(1, after)]
+            # The same stream carries on: no protocol error, no break, nothing reported lost.
+            assert ts[2].send(3, [(1, after)])
+            await wait_until(lambda: len(recs[3].messages(2)) == 6, 10, "the next batch")
+            assert ts[3].stats.inbound.protocol_errors == 0 and ts[3].stats.inbound.streams_superseded == 0
+            assert ts[2].stats.links[3].connects == 1 and ts[2].stats.links[3].disconnects == 0
+            assert not recs[2].lost
+        finally:
+            await close_all(ts)
+    run(main())
+
+
+def test_only_forwardable_requests_may_name_another_sender(run):
+    """Votes, appends, heartbeats, snapshots and responses from anyone but the stream's node end
+    the stream; so does a forwarded request without a sender. Forwarded requests pass."""
+    async def main():
+        ts, recs, auth2 = await lone_node()
+        t1 = ts[1]
+        snap = Snapshot(SnapshotMetadata(index=5, term=2, conf_state=ConfState(voters=(1, 2, 3))), b"img")
+        foreign = [
+            Message(type=MT.APP, to=1, frm=3, term=4, log_term=4, index=5, commit=5),
+            Message(type=MT.HEARTBEAT, to=1, frm=3, term=4),
+            Message(type=MT.SNAP, to=1, frm=3, term=4, snapshot=snap, chunk_total=3),
+            Message(type=MT.VOTE, to=1, frm=3, term=5, log_term=4, index=9),
+            Message(type=MT.PRE_VOTE, to=1, frm=3, term=5, log_term=4, index=9),
+            Message(type=MT.APP_RESP, to=1, frm=3, term=4, index=9),
+            Message(type=MT.VOTE_RESP, to=1, frm=3, term=5),
+            Message(type=MT.HEARTBEAT_RESP, to=1, frm=3, term=4),
+            Message(type=MT.READ_INDEX_RESP, to=1, frm=3, term=4, index=5, context=b"c"),
+            Message(type=MT.TIMEOUT_NOW, to=1, frm=3, term=4),
+            Message(type=MT.SNAP_STATUS, to=1, frm=3, term=4, index=5, reject=True),
+            Message(type=MT.PROP, to=1, frm=0, entries=(Entry(0, 0, data=b"x"),)),
+            Message(type=MT.READ_INDEX, to=2, frm=3, context=b"c"),  # not addressed to us
+        ]
+        try:
+            for m in foreign:
+                ch, call = await raw_stream(t1.port, hello=auth2.dialler_hello(1))
+                assert (await call.read()).HasField("hello")
+                await call.write(raft_frame(m))
+                await expect_refused(call, grpc.StatusCode.INVALID_ARGUMENT)
+                await ch.close()
+            assert t1.stats.inbound.protocol_errors == len(foreign) and not recs[1].got
+            ok = Message(type=MT.READ_INDEX, to=1, frm=3, context=b"c")
+            ch, call = await raw_stream(t1.port, hello=auth2.dialler_hello(1))
+            assert (await call.read()).HasField("hello")
+            await call.write(raft_frame(ok))
+            await wait_until(lambda: recs[1].messages(2) == [(1, ok)], 5, "the forwarded read")
+            await ch.close()
         finally:
             await close_all(ts)
     run(main())

@@ -57,6 +57,13 @@ class SimNode:
         self.pending: Optional[Ready] = None  # a Ready written but not yet synced/applied
         self.crashed = False
         self.paused = False
+        # Transport reports addressed to this node while it is paused, delivered on resume (a
+        # stopped process runs its transport's completions when it continues; dropping them
+        # strands a follower: a leader leaves the SNAPSHOT state only on report_snapshot or an
+        # ack). Deduplicated as the runtime's GroupDriver does. Invariant: at most one entry
+        # per peer in each, so bounded by the cluster size.
+        self.deferred_unreachable: dict[int, None] = {}  # peers, in report order
+        self.deferred_snap_reports: dict[int, bool] = {}  # peer -> latest outcome
         self.commit_floor = 0  # highest commit index ever made durable (must survive crashes)
         self.last_commit = 0  # highest commit index seen in this incarnation's hard states
         self.restarts = 0
@@ -88,11 +95,44 @@ class SimNode:
         self.rn = None
         self.pending = None
         self.crashed = True
+        self.deferred_unreachable.clear()  # the progress they were about is gone with the process
+        self.deferred_snap_reports.clear()
         self.restarts += 1
         self.sim.report_lost(self.sim.net.drop_to(self.id))
 
     def is_up(self) -> bool:
         return not self.crashed and not self.paused
+
+    def resume(self) -> None:
+        self.paused = False
+        if self.crashed:
+            return
+        unreachable, self.deferred_unreachable = self.deferred_unreachable, {}
+        snaps, self.deferred_snap_reports = self.deferred_snap_reports, {}
+        for peer in unreachable:
+            self.call(self.rn.report_unreachable, peer)
+        for peer, ok in snaps.items():
+            self.call(self.rn.report_snapshot, peer, ok)
+
+    # ------------------------------------------------ transport reports (RawNode contract)
+
+    def report_unreachable(self, peer: int) -> None:
+        if self.crashed:
+            return
+        if self.paused:
+            self.deferred_unreachable[peer] = None
+            return
+        self.call(self.rn.report_unreachable, peer)
+
+    def report_snapshot(self, peer: int, ok: bool) -> None:
+        """Every MsgSnap is reported once the transport knows its fate: never dropped for a live node."""
+        if self.crashed:
+            return
+        if self.paused:
+            self.deferred_snap_reports.pop(peer, None)
+            self.deferred_snap_reports[peer] = ok
+            return
+        self.call(self.rn.report_snapshot, peer, ok)
 
     # ------------------------------------------------ Ready handling
 
@@ -103,7 +143,7 @@ class SimNode:
         rd = self.rn.ready()
         self.sim.checker.on_ready(self, rd)
         for m in rd.messages:
-            self.sim.send(m)
+            self.sim.send(m, self.id)
         st = self.storage
         if rd.snapshot is not None:
             st.apply_snapshot(rd.snapshot)
@@ -115,7 +155,7 @@ class SimNode:
         if "early_persisted_messages" in self.sim.cfg.inject:
             # INJECTED BUG (checker self-test): promise durable state before it is durable.
             for m in rd.persisted_messages:
-                self.sim.send(m)
+                self.sim.send(m, self.id)
         self.pending = rd
 
     def sync_ready(self) -> None:
@@ -126,7 +166,7 @@ class SimNode:
             self.commit_floor = max(self.commit_floor, self.storage.hard_state().commit)
         if "early_persisted_messages" not in self.sim.cfg.inject:
             for m in rd.persisted_messages:
-                self.sim.send(m)
+                self.sim.send(m, self.id)
         if rd.snapshot is not None:
             snap = rd.snapshot
             self.kv = KVStore.restore(snap.data)

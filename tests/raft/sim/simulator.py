@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from xraft.node.raft.types import Message, MessageType as MT, StateRole
+from xraft.node.raft.types import Message, MessageType as MT, StateRole, link_violation
 from tests.raft import linearizability
 
 from .checker import SafetyChecker, SafetyViolation, log_term
@@ -134,7 +134,8 @@ class Simulation:
         self.nodes: dict[int, SimNode] = {}
         self.next_id = cfg.nodes + 1
         self.lossy = True
-        self.pending_lost: list[Message] = []  # overflowed messages, reported after the event
+        self.pending_lost: list[tuple[int, Message]] = []  # overflowed (via, msg), reported after the event
+        self.relayed = 0  # delivered messages whose link sender is not their frm (forwarded twice)
         voters = tuple(range(1, cfg.nodes + 1))
         for nid in voters:
             self.nodes[nid] = SimNode(self, nid, bootstrap_storage(voters))
@@ -145,18 +146,18 @@ class Simulation:
         self.trace.append((self.now, parts))
         self.trace_hash = hash((self.trace_hash, self.now, repr(parts))) & 0xFFFFFFFFFFFF
 
-    def send(self, m: Message) -> None:
-        self.net.send(self.now, m)
+    def send(self, m: Message, via: int) -> None:
+        self.net.send(self.now, m, via)
         if self.net.overflowed:
             lost, self.net.overflowed = self.net.overflowed, []
             self.pending_lost.extend(lost)
 
-    def report_lost(self, lost: list[Message]) -> None:
+    def report_lost(self, lost: list[tuple[int, Message]]) -> None:
         """Like a real transport, tell a sender that its snapshot stream broke (else it waits forever)."""
-        for m in lost:
-            src = self.nodes.get(m.frm)
-            if m.type == MT.SNAP and src is not None and src.is_up():
-                src.call(src.rn.report_snapshot, m.to, False)
+        for via, m in lost:
+            src = self.nodes.get(via)
+            if m.type == MT.SNAP and src is not None:
+                src.report_snapshot(m.to, False)
 
     def up_nodes(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.is_up()]
@@ -175,22 +176,29 @@ class Simulation:
     # ------------------------------------------------ events
 
     def deliver(self, positions: list[int]) -> None:
-        m, fate = self.net.take(self.rng.choice(positions), self.now, lossy=self.lossy)
+        m, via, fate = self.net.take(self.rng.choice(positions), self.now, lossy=self.lossy)
         dst = self.nodes.get(m.to)
-        src = self.nodes.get(m.frm)
+        src = self.nodes.get(via)  # the link's sender (a forwarded request keeps its originator in frm)
         if fate == "deliver" and (dst is None or dst.crashed):
             fate = "nobody"
-        self.trace_event(fate, m)
+        self.trace_event(fate, m, *(() if via == m.frm else (f"via {via}",)))
         if fate != "deliver":
-            if src is not None and src.is_up() and fate == "blocked":
-                src.call(src.rn.report_unreachable, m.to)
-            if m.type == MT.SNAP and src is not None and src.is_up():
-                src.call(src.rn.report_snapshot, m.to, False)
+            if src is not None and fate == "blocked":
+                src.report_unreachable(m.to)
+            if m.type == MT.SNAP and src is not None:
+                src.report_snapshot(m.to, False)
             return
+        # The transports' acceptance rule (GrpcTransport ends the link's whole stream on a
+        # violation): a core that breaks it must fail here, not only in a real cluster.
+        why = link_violation(m, via, m.to)
+        if why is not None:
+            raise SafetyViolation(f"transport: the receiver would end the stream of node {via}: {why}")
+        if via != m.frm:
+            self.relayed += 1
         dst.step(m)
         if m.type == MT.SNAP and m.chunk_offset + len(m.snapshot.data) == m.chunk_total:
-            if src is not None and src.is_up():
-                src.call(src.rn.report_snapshot, m.to, True)
+            if src is not None:
+                src.report_snapshot(m.to, True)
 
     def fault(self) -> None:
         c, rng = self.cfg, self.rng
@@ -213,8 +221,9 @@ class Simulation:
         elif kind == "pause":
             paused = [n for n in nodes if self.nodes[n].paused]
             if paused and rng.random() < 0.6:
-                self.nodes[rng.choice(paused)].paused = False
-                self.trace_event("resume", paused)
+                nid = rng.choice(paused)
+                self.nodes[nid].resume()
+                self.trace_event("resume", nid)
             else:
                 nid = rng.choice(nodes)
                 self.nodes[nid].paused = True
@@ -300,7 +309,7 @@ class Simulation:
         self.net.heal()
         self.lossy = False
         for node in self.nodes.values():
-            node.paused = False
+            node.resume()
             if node.crashed:
                 self.restart(node)
         self.trace_event("heal-all")
@@ -403,6 +412,19 @@ def run(seed: int, cfg: Optional[SimConfig] = None, test_file: str = "tests/raft
         reason = f"{type(e).__name__}: {e}"
         raise SimFailure(seed, cfg, reason, sim.formatted_trace() + ["nodes: " + _safe_nodes(sim)],
                          repro_command(seed, cfg.steps, test_file)) from e
+
+
+def soak_failures(seeds: range, make_cfg, test_file: str) -> list[str]:
+    """Run every seed (config make_cfg(seed)); one line + reproduction command per failing seed."""
+    failures = []
+    for seed in seeds:
+        cfg = make_cfg(seed)
+        try:
+            run(seed, cfg, test_file=test_file)
+        except SimFailure as e:
+            failures.append(f"seed {seed}: {e.reason.splitlines()[0][:200]}\n  reproduce: "
+                            + repro_command(seed, cfg.steps, test_file))
+    return failures
 
 
 def _safe_nodes(sim: Simulation) -> str:
