@@ -528,15 +528,13 @@ def test_only_forwardable_requests_may_name_another_sender(run):
         ]
         try:
             for m in foreign:
-                ch, call = await raw_stream(t1.port, hello=auth2.dialler_hello(1))
-                assert (await call.read()).HasField("hello")
+                ch, call, _ = await handshake(t1.port, auth2)
                 await call.write(raft_frame(m))
                 await expect_refused(call, grpc.StatusCode.INVALID_ARGUMENT)
                 await ch.close()
             assert t1.stats.inbound.protocol_errors == len(foreign) and not recs[1].got
             ok = Message(type=MT.READ_INDEX, to=1, frm=3, context=b"c")
-            ch, call = await raw_stream(t1.port, hello=auth2.dialler_hello(1))
-            assert (await call.read()).HasField("hello")
+            ch, call, _ = await handshake(t1.port, auth2)
             await call.write(raft_frame(ok))
             await wait_until(lambda: recs[1].messages(2) == [(1, ok)], 5, "the forwarded read")
             await ch.close()
