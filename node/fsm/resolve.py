@@ -77,10 +77,11 @@ class TimeStamper:
     clock jumps ahead by an hour moves replicated time at the speed of its
     monotonic clock, not an hour at once; the stamp never goes below the
     floor either (time never runs backwards). Sources of trust:
-      * the node's own clock when it started (`anchor`); the peer handshake
-        (runtime/peer_auth.py) refuses peers whose clocks are off by more
-        than its window, so a node that starts with a skewed clock does not
-        join the group in the first place;
+      * the node's own clock when it started (`anchor`). A node whose clock
+        is already wrong at start is trusted as it is: the peer handshake no
+        longer compares clocks (runtime/peer_auth.py), and a replayed log
+        cannot tell an old record from a slow peer clock. Bounding a leader
+        by its peers' live clocks is the next step (docs/architecture.md);
       * the times of records other leaders stamped (`observe` with the
         monotonic time they were applied here): if the group's clock is
         ahead of ours, we follow it rather than hold time back. Old records
