@@ -17,7 +17,10 @@ NOT_SERVED.
     BRPOPLPUSH src dst timeout             RPOPLPUSH src dst             as is
     BLMPOP timeout n keys .. dir [COUNT c] LMPOP n keys .. dir [COUNT c] as is
     XREADGROUP .. BLOCK ms .. STREAMS ..   the same without BLOCK ms     as is
-      (retry: + COUNT 1000 when no COUNT was given, as redis serves a woken reader)
+      (retry: named xreadgroup-woken, an internal command that fails with
+      redis's -UNBLOCKED / NOGROUP texts when the key was deleted, changed type
+      or lost its group while the client waited (cmd_groups.xreadgroup_woken);
+      + COUNT 1000 when no COUNT was given, as redis serves a woken reader)
 
 Not served = the non-blocking form's empty reply: None for LPOP/RPOP/LMOVE/
 RPOPLPUSH, NULL_ARRAY for LMPOP/XREADGROUP. An error is a served reply (e.g.
@@ -32,12 +35,14 @@ returns the engine's WouldBlock), not planned here.
 """
 from dataclasses import dataclass
 
+from ..engine.cmd_groups import WOKEN_XREADGROUP
 from ..engine.commands import execute
 from ..engine.errors import EngineError
 from ..engine.keyspace import Keyspace
 from ..engine.replies import NULL_ARRAY, WouldBlock
 from ..engine.stream_args import XREAD_BLOCKED_DEFAULT_COUNT, parse_xread_args
 from ..invariant import invariant
+from .entry import Request, request_size
 
 _LIST_BLOCKING = frozenset((b"blpop", b"brpop", b"blmove", b"brpoplpush", b"blmpop"))
 _STREAM_READS = frozenset((b"xread", b"xreadgroup"))
@@ -168,7 +173,20 @@ def _plan_xreadgroup(argv: tuple) -> BlockingPlan:
         # As the engine's own retry argv: just before STREAMS, so it overrides a COUNT 0.
         kw = stripped.streams_pos - 1
         retry = form[:kw] + (b"COUNT", b"%d" % XREAD_BLOCKED_DEFAULT_COUNT) + form[kw:]
+    retry = (WOKEN_XREADGROUP,) + retry[1:]
     return BlockingPlan(form, retry, tuple(dict.fromkeys(args.keys)), args.timeout_ms, NULL_ARRAY, _NULL_EMPTY)
+
+
+def woken_xreadgroup_request(client_id: int, seq: int, argv) -> Request:
+    """The request of a non-blocking XREADGROUP from a reader that has waited
+    on its keys (gRPC Consume after its first read): its woken form, which
+    fails as a woken redis reader does if the key or group went away."""
+    argv = tuple(bytes(a) for a in argv)
+    invariant(argv[0].lower() == b"xreadgroup" and parse_xread_args(argv, True).timeout_ms == -1,
+              "a non-blocking XREADGROUP")
+    request = Request.command(client_id, seq, (WOKEN_XREADGROUP,) + argv[1:])
+    request_size(request)
+    return request
 
 
 def _strip_block(argv: tuple) -> tuple:

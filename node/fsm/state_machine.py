@@ -147,7 +147,7 @@ class StateMachine:
     def _apply_command(self, argv, now: int, want_result: bool = True):
         argv = list(argv)
         try:
-            spec = lookup(argv)
+            spec = lookup(argv, internal=True)     # a woken client's retry may be internal
         except EngineError as e:
             return e
         if is_blocking_form(argv):

@@ -61,7 +61,7 @@ from ..fsm.errors import EXECABORT_TEXT
 from ..fsm.resolve import queue_check, resolve_command, resolve_config_set, \
     resolve_transaction
 from .backend import BackendError, LocalBackend
-from .blocking import BlockingRegistry, WaiterClosed, run_blocking_read, run_blocking_write
+from .blocking import BlockingRegistry, WaiterClosed, client_unblock, run_blocking_read, run_blocking_write
 from .cluster_cmds import Verbatim, cluster_command, command_keys, encode_verbatim, redirect
 from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
 from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
@@ -437,6 +437,8 @@ class Client(asyncio.Protocol):
         fixed = {b"id": 2, b"getname": 2, b"setname": 3, b"info": 2}
         if sub in fixed and n != fixed[sub]:
             return wrong_arity("client|" + sub.decode())
+        if sub == b"unblock":
+            return client_unblock(self.server.registry, self.server.clients, argv)
         if sub == b"id":
             return self.id
         if sub == b"getname":

@@ -147,10 +147,19 @@ def test_blocking_forms_become_non_blocking(cmd, form, keys, timeout):
 
 def test_xreadgroup_retry_adds_redis_woken_count():
     plan = resolve_command(1, 1, argv("XREADGROUP GROUP g c COUNT 0 BLOCK 0 STREAMS s >")).plan
-    assert plan.retry_argv == tuple(argv("XREADGROUP GROUP g c COUNT 0 COUNT 1000 STREAMS s >"))
+    assert plan.retry_argv == tuple(argv("xreadgroup-woken GROUP g c COUNT 0 COUNT 1000 STREAMS s >"))
     assert retry_request(plan, 1, 2) == Request.command(1, 2, plan.retry_argv)
     plan = resolve_command(1, 1, argv("XREADGROUP GROUP g c COUNT 3 BLOCK 0 STREAMS s >")).plan
-    assert plan.retry_argv == plan.argv
+    assert plan.retry_argv == (b"xreadgroup-woken",) + plan.argv[1:]
+
+
+def test_the_woken_xreadgroup_retry_is_refused_from_clients():
+    """Only the server proposes it: a client sending it gets redis's unknown command."""
+    cmd = "xreadgroup-woken GROUP g c STREAMS s >"
+    with pytest.raises(EngineError, match="unknown command 'xreadgroup-woken'"):
+        resolve_command(1, 1, argv(cmd))
+    with pytest.raises(ExecAbort):
+        resolve_transaction(1, 1, [argv(cmd)])
 
 
 def test_xreadgroup_option_errors_come_before_proposing_even_without_block():
