@@ -16,6 +16,10 @@ NOT_SERVED.
     BLMOVE src dst wf wt timeout           LMOVE src dst wf wt           as is
     BRPOPLPUSH src dst timeout             RPOPLPUSH src dst             as is
     BLMPOP timeout n keys .. dir [COUNT c] LMPOP n keys .. dir [COUNT c] as is
+      (retries: the internal woken forms lpop-woken, rpop-woken, lmpop-woken,
+      lmove-woken: the same, except that a key which stopped being a list
+      while the client waited is skipped rather than WRONGTYPE, as redis
+      serves woken list waiters from lists only)
     XREADGROUP .. BLOCK ms .. STREAMS ..   the same without BLOCK ms     as is
       (retry: named xreadgroup-woken, an internal command that fails with
       redis's -UNBLOCKED / NOGROUP texts when the key was deleted, changed type
@@ -147,20 +151,27 @@ def _plan_list(name: bytes, argv: tuple) -> BlockingPlan:
     wb = execute(Keyspace(), list(argv), 0)
     invariant(isinstance(wb, WouldBlock), "a blocking list form on an empty keyspace must block")
     keys = tuple(dict.fromkeys(wb.keys))
+    # The retry is the woken form (engine cmd_lists, "a blocked client, woken"):
+    # same reply, but keys that are no longer lists are skipped, not WRONGTYPE.
     if name in (b"blpop", b"brpop"):
         where = b"LEFT" if name == b"blpop" else b"RIGHT"
         popkeys = argv[1:-1]
         if len(popkeys) == 1:
-            form, shape = (b"LPOP" if name == b"blpop" else b"RPOP", popkeys[0]), _POP_ONE
+            pop = b"LPOP" if name == b"blpop" else b"RPOP"
+            form, retry, shape = (pop, popkeys[0]), (pop.lower() + b"-woken", popkeys[0]), _POP_ONE
         else:
             form, shape = (b"LMPOP", b"%d" % len(popkeys)) + popkeys + (where,), _MPOP_ONE
+            retry = (b"lmpop-woken",) + form[1:]
     elif name == b"blmove":
         form, shape = (b"LMOVE",) + argv[1:5], _NONE_EMPTY
+        retry = (b"lmove-woken",) + form[1:]
     elif name == b"brpoplpush":
         form, shape = (b"RPOPLPUSH",) + argv[1:3], _NONE_EMPTY
+        retry = (b"lmove-woken",) + argv[1:3] + (b"RIGHT", b"LEFT")
     else:
         form, shape = (b"LMPOP",) + argv[2:], _NULL_EMPTY
-    return BlockingPlan(form, form, keys, wb.timeout_ms, wb.timeout_reply, shape)
+        retry = (b"lmpop-woken",) + form[1:]
+    return BlockingPlan(form, retry, keys, wb.timeout_ms, wb.timeout_reply, shape)
 
 
 def _plan_xreadgroup(argv: tuple) -> BlockingPlan:

@@ -39,6 +39,7 @@ class Scenario:
     after: tuple = ()            # if still blocked: more commands, then its reply again
     waits: bool = True           # False: the command ends by itself (tiny timeouts)
     block2: tuple = ()           # a second connection's blocking command, blocked after the first
+    final: tuple = ()            # commands once every blocked reply is in (state a retry may still change)
 
 
 def c(text):
@@ -73,6 +74,19 @@ SCENARIOS = [
              (c("DEL s"), c("XADD s 9-1 f v"))),
     Scenario("xread-del", GROUP, XREAD, (c("DEL s"),), (c("XADD s 9-1 f v"),)),
     Scenario("xread-flushdb", GROUP, XREAD, (c("FLUSHDB"),), (c("XADD s 9-1 f v"),)),
+    # A blocked pop or move is served from lists only: a key that changed type
+    # while it waited is skipped (not WRONGTYPE); a destination of another type fails the move.
+    Scenario("blpop-multi-push-then-set", (), c("BLPOP l 0"),
+             (c("MULTI"), c("LPUSH l a"), c("DEL l"), c("SET l x"), c("EXEC")), (c("DEL l"), c("RPUSH l b"))),
+    Scenario("blpop-two-keys-first-becomes-string", (), c("BLPOP a b 0"), (c("SET a x"), c("RPUSH b v"))),
+    Scenario("blmpop-two-keys-first-becomes-string", (), c("BLMPOP 0 2 a b LEFT COUNT 2"),
+             (c("SET a x"), c("RPUSH b v w"))),
+    Scenario("blmove-multi-push-then-set", (), c("BLMOVE l m LEFT LEFT 0"),
+             (c("MULTI"), c("RPUSH l a"), c("SET l x"), c("EXEC")), (c("DEL l"), c("RPUSH l b"))),
+    Scenario("brpoplpush-multi-push-then-set", (), c("BRPOPLPUSH l m 0"),
+             (c("MULTI"), c("RPUSH l a"), c("SET l x"), c("EXEC")), (c("DEL l"), c("RPUSH l b"))),
+    Scenario("blmove-destination-string", (c("SET m x"),), c("BLMOVE l m LEFT LEFT 0"),
+             (c("RPUSH l a"), c("LRANGE l 0 -1"))),
     # CLIENT UNBLOCK: as a timeout (the default) or with redis's error.
     Scenario("unblock-blpop-timeout", (), c("BLPOP l 0"), (c("CLIENT UNBLOCK {id} TIMEOUT"),)),
     Scenario("unblock-blpop-default", (), c("BLPOP l 0"), (c("CLIENT UNBLOCK {id}"),)),
@@ -93,16 +107,19 @@ SCENARIOS = [
     Scenario("xreadgroup-block-1", GROUP, c("XREADGROUP GROUP g a BLOCK 1 STREAMS s >"), (), waits=False),
     # Circular BLMOVE / BRPOPLPUSH (source = destination) while blocked: the
     # element is served and rotated into the same list.
-    Scenario("blmove-circular-right-left", (), c("BLMOVE l l RIGHT LEFT 0"), (c("RPUSH l a b c"), c("LRANGE l 0 -1"))),
-    Scenario("blmove-circular-left-right", (), c("BLMOVE l l LEFT RIGHT 0"), (c("RPUSH l a b c"), c("LRANGE l 0 -1"))),
-    Scenario("brpoplpush-circular", (), c("BRPOPLPUSH l l 0"), (c("LPUSH l a b"), c("LRANGE l 0 -1"))),
+    Scenario("blmove-circular-right-left", (), c("BLMOVE l l RIGHT LEFT 0"), (c("RPUSH l a b c"),),
+             final=(c("LRANGE l 0 -1"),)),
+    Scenario("blmove-circular-left-right", (), c("BLMOVE l l LEFT RIGHT 0"), (c("RPUSH l a b c"),),
+             final=(c("LRANGE l 0 -1"),)),
+    Scenario("brpoplpush-circular", (), c("BRPOPLPUSH l l 0"), (c("LPUSH l a b"),), final=(c("LRANGE l 0 -1"),)),
     # Two clients moving in a circle, and a rotation that feeds a second waiter
     # (redis's "circular BRPOPLPUSH" / "BRPOPLPUSH with a client BLPOPing the target list").
     Scenario("brpoplpush-two-lists-circular", (), c("BRPOPLPUSH list1 list2 0"), (c("RPUSH list1 foo"),),
-             block2=c("BRPOPLPUSH list2 list1 0")),
+             block2=c("BRPOPLPUSH list2 list1 0"), final=(c("LRANGE list1 0 -1"), c("LRANGE list2 0 -1"))),
     Scenario("blmove-two-lists-circular", (), c("BLMOVE list1 list2 RIGHT LEFT 0"), (c("RPUSH list1 foo"),),
-             block2=c("BLMOVE list2 list1 LEFT RIGHT 0")),
-    Scenario("blmove-self-then-blpop", (), c("BLMOVE l l RIGHT LEFT 0"), (c("RPUSH l foo"),), block2=c("BLPOP l 0")),
+             block2=c("BLMOVE list2 list1 LEFT RIGHT 0"), final=(c("LRANGE list1 0 -1"), c("LRANGE list2 0 -1"))),
+    Scenario("blmove-self-then-blpop", (), c("BLMOVE l l RIGHT LEFT 0"), (c("RPUSH l foo"),), block2=c("BLPOP l 0"),
+             final=(c("LRANGE l 0 -1"),)),
 ]
 
 
@@ -153,8 +170,8 @@ def run(port: int, sc: Scenario, expect=None) -> list:
             out.append(("blocked, after", _outcome(blocked, expect and expect[len(out)][1])))
         if sc.block2:
             out.append(("second", _outcome(second, expect and expect[len(out)][1])))
-            for key in dict.fromkeys(sc.block[1:2] + sc.block2[1:2]):
-                out.append(("LRANGE " + key, other.call("LRANGE", key, "0", "-1")))
+        for cmd in sc.final:
+            out.append((" ".join(cmd), other.call(*cmd)))
         return out
     finally:
         blocked.close()
