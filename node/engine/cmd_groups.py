@@ -296,6 +296,17 @@ def xreadgroup_woken(db, argv, now_ms):
     """XREADGROUP (same arguments, no BLOCK) for a reader that was blocked on
     these keys: the key and group checks of a woken reader, then a plain read
     (NULL_ARRAY = still nothing new: the server parks it again)."""
+    _check_woken(db, argv)
+    return _xreadgroup(db, argv, now_ms, True)
+
+
+def xreadgroup_woken_unobserved(db, argv, now_ms):
+    """xreadgroup_woken for a caller that throws the reply away (as xreadgroup_unobserved)."""
+    _check_woken(db, argv)
+    return _xreadgroup(db, argv, now_ms, False)
+
+
+def _check_woken(db, argv) -> None:
     args = parse_xread_args(argv, True)
     for key in args.keys:
         stream = db.get(key)
@@ -303,7 +314,6 @@ def xreadgroup_woken(db, argv, now_ms):
             raise CommandError(UNBLOCKED_KEY_GONE)
         if g.lookup_group(stream, args.group) is None:
             raise NoGroupError(NOGROUP_WHILE_BLOCKED)
-    return _xreadgroup(db, argv, now_ms, True)
 
 
 # -- XACK ----------------------------------------------------------------------

@@ -34,7 +34,7 @@ import dataclasses
 import struct
 import zlib
 
-from ..engine.cmd_groups import xreadgroup, xreadgroup_unobserved
+from ..engine.cmd_groups import xreadgroup, xreadgroup_unobserved, xreadgroup_woken, xreadgroup_woken_unobserved
 from ..engine.commands import lookup
 from ..engine.dump import CorruptDump, dump_keyspace, load_keyspace
 from ..engine.errors import EngineError
@@ -62,7 +62,7 @@ _U32 = struct.Struct(">I")
 
 # Handlers with a variant that makes the same state changes without building
 # the reply (engine: same state, result None), for results nobody wants.
-_UNOBSERVED = {xreadgroup: xreadgroup_unobserved}
+_UNOBSERVED = {xreadgroup: xreadgroup_unobserved, xreadgroup_woken: xreadgroup_woken_unobserved}
 
 
 class StateMachine:
