@@ -40,6 +40,7 @@ class Scenario:
     waits: bool = True           # False: the command ends by itself (tiny timeouts)
     block2: tuple = ()           # a second connection's blocking command, blocked after the first
     final: tuple = ()            # commands once every blocked reply is in (state a retry may still change)
+    resp3: bool = False          # the blocked connection speaks RESP3 (HELLO 3)
 
 
 def c(text):
@@ -118,6 +119,14 @@ SCENARIOS = [
              block2=c("BRPOPLPUSH list2 list1 0"), final=(c("LRANGE list1 0 -1"), c("LRANGE list2 0 -1"))),
     Scenario("blmove-two-lists-circular", (), c("BLMOVE list1 list2 RIGHT LEFT 0"), (c("RPUSH list1 foo"),),
              block2=c("BLMOVE list2 list1 LEFT RIGHT 0"), final=(c("LRANGE list1 0 -1"), c("LRANGE list2 0 -1"))),
+    # The same endings in RESP3 (null, error and map replies).
+    Scenario("resp3-xreadgroup-del", GROUP, XRG, (c("DEL s"),), resp3=True),
+    Scenario("resp3-xreadgroup-served", GROUP, XRG, (c("XADD s 2-1 a b"),), resp3=True),
+    Scenario("resp3-unblock-blpop-timeout", (), c("BLPOP l 0"), (c("CLIENT UNBLOCK {id}"),), resp3=True),
+    Scenario("resp3-unblock-blmove-timeout", (), c("BLMOVE l m LEFT LEFT 0"), (c("CLIENT UNBLOCK {id}"),),
+             resp3=True),
+    Scenario("resp3-blpop-1ms", (), c("BLPOP l 0.001"), (), waits=False, resp3=True),
+    Scenario("resp3-xread-block-1", GROUP, c("XREAD BLOCK 1 STREAMS s $"), (), waits=False, resp3=True),
     Scenario("blmove-self-then-blpop", (), c("BLMOVE l l RIGHT LEFT 0"), (c("RPUSH l foo"),), block2=c("BLPOP l 0"),
              final=(c("LRANGE l 0 -1"),)),
 ]
@@ -153,6 +162,8 @@ def run(port: int, sc: Scenario, expect=None) -> list:
         other.call("FLUSHALL")
         _wait_blocked(other, 0)              # a previous scenario's client is gone
         cid = blocked.call("CLIENT", "ID")[1:-2].decode()
+        if sc.resp3:
+            blocked.call("HELLO", "3")         # its reply names the server: not compared
         out = [("setup", other.call(*cmd)) for cmd in sc.setup]
         blocked.send(*sc.block)
         if sc.waits:
