@@ -10,7 +10,7 @@ from itertools import islice
 
 from ..invariant import invariant
 from . import groups as g
-from .commands import BLOCKING, READONLY, WRITE, command, unknown_subcommand
+from .commands import BLOCKING, INTERNAL, READONLY, WRITE, command, unknown_subcommand
 from .errors import CommandError, NoGroupError, syntax_error, wrong_arity
 from .replies import NULL_ARRAY, OK, PairMap, Status, WouldBlock
 from .stream import Stream
@@ -276,6 +276,44 @@ def _xreadgroup_retry_argv(argv, args) -> list:
         streams_kw = args.streams_pos - 1
         retry[streams_kw:streams_kw] = [b"COUNT", b"%d" % XREAD_BLOCKED_DEFAULT_COUNT]
     return retry
+
+
+# -- a blocked XREADGROUP, woken -----------------------------------------------
+
+# The server's retry of a blocked XREADGROUP (fsm/blocking.py proposes it, no
+# client can send it: commands.INTERNAL). redis 7.0 serves a woken reader
+# differently from a fresh XREADGROUP (blocked.c): if the key is gone or no
+# longer a stream, the reader is unblocked with -UNBLOCKED
+# (unblockDeletedStreamReadgroupClients); if its group was destroyed, with
+# this NOGROUP (serveClientsBlockedOnStreamKey). Checked against redis 7.0.15.
+WOKEN_XREADGROUP = b"xreadgroup-woken"
+UNBLOCKED_KEY_GONE = "UNBLOCKED the stream key no longer exists"
+NOGROUP_WHILE_BLOCKED = "NOGROUP the consumer group this client was blocked on no longer exists"
+
+
+@command(WOKEN_XREADGROUP.decode(), -7, (WRITE, INTERNAL), 0, 0, 0)
+def xreadgroup_woken(db, argv, now_ms):
+    """XREADGROUP (same arguments, no BLOCK) for a reader that was blocked on
+    these keys: the key and group checks of a woken reader, then a plain read
+    (NULL_ARRAY = still nothing new: the server parks it again)."""
+    _check_woken(db, argv)
+    return _xreadgroup(db, argv, now_ms, True)
+
+
+def xreadgroup_woken_unobserved(db, argv, now_ms):
+    """xreadgroup_woken for a caller that throws the reply away (as xreadgroup_unobserved)."""
+    _check_woken(db, argv)
+    return _xreadgroup(db, argv, now_ms, False)
+
+
+def _check_woken(db, argv) -> None:
+    args = parse_xread_args(argv, True)
+    for key in args.keys:
+        stream = db.get(key)
+        if type(stream) is not Stream:
+            raise CommandError(UNBLOCKED_KEY_GONE)
+        if g.lookup_group(stream, args.group) is None:
+            raise NoGroupError(NOGROUP_WHILE_BLOCKED)
 
 
 # -- XACK ----------------------------------------------------------------------

@@ -286,14 +286,14 @@ def _flush_flags(argv):
 @command("flushall", -1, (WRITE,), 0, 0, 0)
 def cmd_flushall(db, argv, now_ms):
     _flush_flags(argv)
-    db.data.clear()
+    db.clear()
     return replies.OK
 
 
 @command("flushdb", -1, (WRITE,), 0, 0, 0)
 def cmd_flushdb(db, argv, now_ms):
     _flush_flags(argv)
-    db.data.clear()
+    db.clear()
     return replies.OK
 
 

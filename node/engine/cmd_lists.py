@@ -10,7 +10,7 @@ from fractions import Fraction
 
 from . import replies
 from .cmd_keys import c_string, is_option
-from .commands import BLOCKING, READONLY, WRITE, command
+from .commands import BLOCKING, INTERNAL, READONLY, WRITE, command
 from .errors import NO_SUCH_KEY, CommandError, not_integer, syntax_error, wrong_arity
 from .lists import ListValue
 from .streamid import string2ll
@@ -549,3 +549,42 @@ def cmd_blmpop(db, argv, now_ms):
     if served is None:
         return replies.WouldBlock(keys, timeout_ms, argv, replies.NULL_ARRAY)
     return served
+
+
+# -- a blocked client, woken --------------------------------------------------
+#
+# The server's retries of a blocked pop or move (fsm/blocking.py proposes them;
+# no client can send them: commands.INTERNAL). redis serves a woken list
+# waiter only from keys that hold a list at that moment (handleClientsBlockedOnKeys
+# calls serveClientsBlockedOnListKey for OBJ_LIST only), so a key that became
+# another type while the client waited is skipped, where the plain command
+# would fail with WRONGTYPE. A destination of another type still fails the
+# move, as in redis (serveClientBlockedOnList's checkType).
+
+def _lists_only(db, keys) -> list:
+    return [key for key in keys if type(db.get(key)) is ListValue]
+
+
+@command("lpop-woken", 2, (WRITE, INTERNAL))
+def lpop_woken(db, argv, now_ms):
+    return _pop_command(db, argv, HEAD) if _lists_only(db, argv[1:]) else None
+
+
+@command("rpop-woken", 2, (WRITE, INTERNAL))
+def rpop_woken(db, argv, now_ms):
+    return _pop_command(db, argv, TAIL) if _lists_only(db, argv[1:]) else None
+
+
+@command("lmpop-woken", -4, (WRITE, INTERNAL), 0, 0, 0)
+def lmpop_woken(db, argv, now_ms):
+    keys, where, count = _parse_mpop(argv, 1)
+    served = _mpop_serve(db, _lists_only(db, keys), where, count)
+    return replies.NULL_ARRAY if served is None else served
+
+
+@command("lmove-woken", 5, (WRITE, INTERNAL), 1, 2, 1)
+def lmove_woken(db, argv, now_ms):
+    wherefrom, whereto = where_arg(argv[3]), where_arg(argv[4])
+    if not _lists_only(db, argv[1:2]):
+        return None
+    return _move(db, argv[1], argv[2], wherefrom, whereto)

@@ -19,6 +19,7 @@ from .errors import UnknownCommandError, wrong_arity
 WRITE = "write"          # changes state: must go through the Raft log
 READONLY = "readonly"    # never changes state
 BLOCKING = "blocking"    # may block in the server (BLOCK option / B* commands)
+INTERNAL = "internal"    # proposed by the server itself, never accepted from a client
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,10 @@ class CommandSpec:
 
 
 COMMANDS: dict[str, CommandSpec] = {}
+# Commands the server proposes on its own behalf (a woken client's retry): the
+# log applies them, but `lookup` answers "unknown command" for them unless
+# asked for internal ones, so no client can send one (not even inside MULTI).
+INTERNAL_COMMANDS: dict[str, CommandSpec] = {}
 
 
 def command(name: str, arity: int, flags=(), first_key: int = 1, last_key: int = 1, step: int = 1):
@@ -44,9 +49,10 @@ def command(name: str, arity: int, flags=(), first_key: int = 1, last_key: int =
 
     def register(fn):
         key = name.lower()
-        if key in COMMANDS:
+        table = INTERNAL_COMMANDS if INTERNAL in flags else COMMANDS
+        if key in COMMANDS or key in INTERNAL_COMMANDS:
             raise ValueError(f"command {name} registered twice")
-        COMMANDS[key] = CommandSpec(key, fn, arity, frozenset(flags), first_key, last_key, step)
+        table[key] = CommandSpec(key, fn, arity, frozenset(flags), first_key, last_key, step)
         return fn
 
     return register
@@ -69,12 +75,16 @@ def unknown_subcommand(argv) -> UnknownCommandError:
     return UnknownCommandError(f"ERR unknown subcommand '{sub}'. Try {cmd} HELP.")
 
 
-def lookup(argv) -> CommandSpec:
-    """The spec for argv, after the arity check; raises the Redis errors."""
+def lookup(argv, internal: bool = False) -> CommandSpec:
+    """The spec for argv, after the arity check; raises the Redis errors.
+    `internal`: INTERNAL commands are found too (the fsm applying the log)."""
     _load_families()
     if not argv:
         raise unknown_command([b""])
-    spec = COMMANDS.get(argv[0].decode("latin-1").lower())
+    name = argv[0].decode("latin-1").lower()
+    spec = COMMANDS.get(name)
+    if spec is None and internal:
+        spec = INTERNAL_COMMANDS.get(name)
     if spec is None:
         raise unknown_command(argv)
     n = len(argv)

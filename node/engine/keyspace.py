@@ -8,7 +8,10 @@
     +-- config: EngineConfig       node limits, settable per keyspace (CONFIG SET)
     +-- ready:  set[bytes]         keys that got new data since the last
                                    pop_ready_keys(): the server wakes blocked
-                                   clients on them (XREAD BLOCK, BLPOP, ...)
+                                   clients on them (XREAD BLOCK, BLPOP, ...);
+                                   also streams deleted or overwritten (redis
+                                   signalDeletedKeyAsReady): a blocked
+                                   XREADGROUP must then fail (-UNBLOCKED)
 
 Invariant: no key maps to an empty list (an emptied list is deleted, as in Redis);
 an empty stream may exist (XADD NOMKSTREAM / XTRIM / XDEL keep it).
@@ -51,10 +54,32 @@ class Keyspace:
         return value
 
     def set(self, key: bytes, value) -> None:
+        old = self.data.get(key)
         self.data[key] = value
+        if old is not None and old is not value:
+            self._signal_gone(key, old)
 
     def delete(self, key: bytes) -> bool:
-        return self.data.pop(key, None) is not None
+        old = self.data.pop(key, None)
+        if old is None:
+            return False
+        self._signal_gone(key, old)
+        return True
+
+    def clear(self) -> None:
+        """FLUSHDB/FLUSHALL: every key goes, and every stream is signalled (as
+        redis signals each key with blocked clients)."""
+        for key, value in self.data.items():
+            self._signal_gone(key, value)
+        self.data.clear()
+
+    def _signal_gone(self, key: bytes, old) -> None:
+        # Only a stream's waiters care that their key went away: a blocked
+        # XREADGROUP is woken with -UNBLOCKED (XREAD re-reads and waits on).
+        # A deleted or replaced list wakes no one, as in redis: its waiters
+        # only want elements, and every push signals anyway.
+        if _TYPE_NAMES.get(type(old)) == "stream":
+            self.ready.add(key)
 
     def exists(self, key: bytes) -> bool:
         return key in self.data

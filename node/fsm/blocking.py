@@ -16,8 +16,15 @@ NOT_SERVED.
     BLMOVE src dst wf wt timeout           LMOVE src dst wf wt           as is
     BRPOPLPUSH src dst timeout             RPOPLPUSH src dst             as is
     BLMPOP timeout n keys .. dir [COUNT c] LMPOP n keys .. dir [COUNT c] as is
+      (retries: the internal woken forms lpop-woken, rpop-woken, lmpop-woken,
+      lmove-woken: the same, except that a key which stopped being a list
+      while the client waited is skipped rather than WRONGTYPE, as redis
+      serves woken list waiters from lists only)
     XREADGROUP .. BLOCK ms .. STREAMS ..   the same without BLOCK ms     as is
-      (retry: + COUNT 1000 when no COUNT was given, as redis serves a woken reader)
+      (retry: named xreadgroup-woken, an internal command that fails with
+      redis's -UNBLOCKED / NOGROUP texts when the key was deleted, changed type
+      or lost its group while the client waited (cmd_groups.xreadgroup_woken);
+      + COUNT 1000 when no COUNT was given, as redis serves a woken reader)
 
 Not served = the non-blocking form's empty reply: None for LPOP/RPOP/LMOVE/
 RPOPLPUSH, NULL_ARRAY for LMPOP/XREADGROUP. An error is a served reply (e.g.
@@ -32,12 +39,14 @@ returns the engine's WouldBlock), not planned here.
 """
 from dataclasses import dataclass
 
+from ..engine.cmd_groups import WOKEN_XREADGROUP
 from ..engine.commands import execute
 from ..engine.errors import EngineError
 from ..engine.keyspace import Keyspace
 from ..engine.replies import NULL_ARRAY, WouldBlock
 from ..engine.stream_args import XREAD_BLOCKED_DEFAULT_COUNT, parse_xread_args
 from ..invariant import invariant
+from .entry import Request, request_size
 
 _LIST_BLOCKING = frozenset((b"blpop", b"brpop", b"blmove", b"brpoplpush", b"blmpop"))
 _STREAM_READS = frozenset((b"xread", b"xreadgroup"))
@@ -163,20 +172,27 @@ def _plan_list(name: bytes, argv: tuple) -> BlockingPlan:
     wb = execute(Keyspace(), list(argv), 0)
     invariant(isinstance(wb, WouldBlock), "a blocking list form on an empty keyspace must block")
     keys = tuple(dict.fromkeys(wb.keys))
+    # The retry is the woken form (engine cmd_lists, "a blocked client, woken"):
+    # same reply, but keys that are no longer lists are skipped, not WRONGTYPE.
     if name in (b"blpop", b"brpop"):
         where = b"LEFT" if name == b"blpop" else b"RIGHT"
         popkeys = argv[1:-1]
         if len(popkeys) == 1:
-            form, shape = (b"LPOP" if name == b"blpop" else b"RPOP", popkeys[0]), _POP_ONE
+            pop = b"LPOP" if name == b"blpop" else b"RPOP"
+            form, retry, shape = (pop, popkeys[0]), (pop.lower() + b"-woken", popkeys[0]), _POP_ONE
         else:
             form, shape = (b"LMPOP", b"%d" % len(popkeys)) + popkeys + (where,), _MPOP_ONE
+            retry = (b"lmpop-woken",) + form[1:]
     elif name == b"blmove":
         form, shape = (b"LMOVE",) + argv[1:5], _NONE_EMPTY
+        retry = (b"lmove-woken",) + form[1:]
     elif name == b"brpoplpush":
         form, shape = (b"RPOPLPUSH",) + argv[1:3], _NONE_EMPTY
+        retry = (b"lmove-woken",) + argv[1:3] + (b"RIGHT", b"LEFT")
     else:
         form, shape = (b"LMPOP",) + argv[2:], _NULL_EMPTY
-    return BlockingPlan(form, form, keys, wb.timeout_ms, wb.timeout_reply, shape)
+        retry = (b"lmpop-woken",) + form[1:]
+    return BlockingPlan(form, retry, keys, wb.timeout_ms, wb.timeout_reply, shape)
 
 
 def _plan_xreadgroup(argv: tuple) -> BlockingPlan:
@@ -189,7 +205,20 @@ def _plan_xreadgroup(argv: tuple) -> BlockingPlan:
         # As the engine's own retry argv: just before STREAMS, so it overrides a COUNT 0.
         kw = stripped.streams_pos - 1
         retry = form[:kw] + (b"COUNT", b"%d" % XREAD_BLOCKED_DEFAULT_COUNT) + form[kw:]
+    retry = (WOKEN_XREADGROUP,) + retry[1:]
     return BlockingPlan(form, retry, tuple(dict.fromkeys(args.keys)), args.timeout_ms, NULL_ARRAY, _NULL_EMPTY)
+
+
+def woken_xreadgroup_request(client_id: int, seq: int, argv) -> Request:
+    """The request of a non-blocking XREADGROUP from a reader that has waited
+    on its keys (gRPC Consume after its first read): its woken form, which
+    fails as a woken redis reader does if the key or group went away."""
+    argv = tuple(bytes(a) for a in argv)
+    invariant(argv[0].lower() == b"xreadgroup" and parse_xread_args(argv, True).timeout_ms == -1,
+              "a non-blocking XREADGROUP")
+    request = Request.command(client_id, seq, (WOKEN_XREADGROUP,) + argv[1:])
+    request_size(request)
+    return request
 
 
 def _strip_block(argv: tuple) -> tuple:

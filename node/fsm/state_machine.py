@@ -46,7 +46,7 @@ import dataclasses
 import struct
 import zlib
 
-from ..engine.cmd_groups import xreadgroup, xreadgroup_unobserved
+from ..engine.cmd_groups import xreadgroup, xreadgroup_unobserved, xreadgroup_woken, xreadgroup_woken_unobserved
 from ..engine.commands import lookup
 from ..engine.dump import CorruptDump, dump_keyspace, load_keyspace
 from ..engine.errors import EngineError
@@ -79,7 +79,7 @@ _U32 = struct.Struct(">I")
 
 # Handlers with a variant that makes the same state changes without building
 # the reply (engine: same state, result None), for results nobody wants.
-_UNOBSERVED = {xreadgroup: xreadgroup_unobserved}
+_UNOBSERVED = {xreadgroup: xreadgroup_unobserved, xreadgroup_woken: xreadgroup_woken_unobserved}
 
 
 class StateMachine:
@@ -181,7 +181,7 @@ class StateMachine:
     def _apply_command(self, argv, now: int, want_result: bool = True):
         argv = list(argv)
         try:
-            spec = lookup(argv)
+            spec = lookup(argv, internal=True)     # a woken client's retry may be internal
         except EngineError as e:
             return e
         if is_blocking_form(argv):

@@ -32,14 +32,26 @@ element. Here the push and the blocked client's retry are separate log
 entries, so a new BLPOP arriving in between can take the element first.
 
 Timeouts count from the first block and are only enforced while waiting: a
-retry already proposed is never abandoned (its element may be popped).
+retry already proposed is never abandoned (its element may be popped). The
+same holds for CLIENT UNBLOCK (client_unblock): it ends the wait as a timeout
+or with redis's -UNBLOCKED error, but a retry in flight that is served still
+gets its reply.
+
+Keys that vanish. A stream deleted, overwritten by another type or flushed is
+signalled like a write (engine Keyspace._signal_gone), as redis's
+signalDeletedKeyAsReady: a blocked XREADGROUP retries with the woken form and
+fails with redis's -UNBLOCKED / NOGROUP text (engine xreadgroup_woken); a
+blocked XREAD re-reads, finds nothing and waits on, as in redis 7.0, where a
+key of another type is skipped rather than failed (so a WRONGTYPE on a retry
+means "not a stream now": keep waiting).
 """
 import asyncio
 import itertools
 from typing import Callable, Optional
 
-from ..engine.errors import CommandError
+from ..engine.errors import CommandError, WrongTypeError, wrong_arity
 from ..engine.replies import WouldBlock
+from ..engine.streamid import string2ll
 from ..fsm.blocking import NOT_SERVED
 from ..fsm.resolve import retry_request
 
@@ -56,9 +68,12 @@ class WaiterClosed(Exception):
     """The client went away while blocked: nothing to reply to."""
 
 
+UNBLOCKED_BY_CLIENT = "UNBLOCKED client unblocked via CLIENT UNBLOCK"
+
+
 class Waiter:
     __slots__ = ("keys", "arrival", "consuming", "deadline", "in_flight", "signalled",
-                 "blocked", "error", "_fut", "owner")
+                 "blocked", "error", "timed_out", "_fut", "owner")
 
     def __init__(self, keys, arrival: int, consuming: bool, deadline: Optional[float], owner):
         self.keys = keys
@@ -69,6 +84,7 @@ class Waiter:
         self.signalled = False            # a key was signalled: attempt (again)
         self.blocked = False              # has waited at least once (INFO blocked_clients)
         self.error = None                 # set by fail(): raised by wait()
+        self.timed_out = False            # set by time_out() (CLIENT UNBLOCK): wait() returns False
         self._fut = None
         self.owner = owner
 
@@ -87,6 +103,11 @@ class Waiter:
             self.error = exc
         self._signal()
 
+    def time_out(self) -> None:
+        """End the wait now, as if the timeout had passed."""
+        self.timed_out = True
+        self._signal()
+
     async def wait(self) -> bool:
         """True when woken (attempt again), False when the timeout passed;
         raises the error the waiter was failed with."""
@@ -94,6 +115,8 @@ class Waiter:
         while True:
             if self.error is not None:
                 raise self.error
+            if self.timed_out:
+                return False
             if self.signalled:
                 self.signalled = False
                 self.in_flight = True
@@ -191,6 +214,43 @@ class BlockingRegistry:
     def fail_owner(self, owner, exc: BaseException) -> None:
         self.fail_where(lambda w: exc if w.owner is owner else None)
 
+    def unblock(self, owner, error: bool) -> bool:
+        """CLIENT UNBLOCK: end `owner`'s blocked command as a timeout, or with
+        redis's -UNBLOCKED error. False if it is not blocked (not waiting yet,
+        or already ended)."""
+        found = False
+        for w in list(self._waiters):
+            if w.owner is owner and w.blocked and w.error is None and not w.timed_out:
+                found = True
+                if error:
+                    w.fail(CommandError(UNBLOCKED_BY_CLIENT))
+                else:
+                    w.time_out()
+        return found
+
+
+def client_unblock(registry: BlockingRegistry, clients, argv):
+    """CLIENT UNBLOCK <id> [TIMEOUT|ERROR], redis 7.0's checks in its order
+    (networking.c clientCommand): the reason, then the id. `clients` maps
+    client id -> the owner its blocked commands were registered with."""
+    n = len(argv)
+    if n < 3:
+        return wrong_arity("client|unblock")
+    if n > 4:
+        return CommandError("ERR unknown subcommand or wrong number of arguments for '%s'. Try CLIENT HELP."
+                            % bytes(argv[1])[:128].decode("utf-8", "replace"))
+    error = False
+    if n == 4:
+        reason = bytes(argv[3]).lower()
+        if reason not in (b"timeout", b"error"):
+            return CommandError("ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR")
+        error = reason == b"error"
+    client_id = string2ll(bytes(argv[2]))
+    if client_id is None:
+        return CommandError("ERR value is not an integer or out of range")
+    target = clients.get(client_id)
+    return int(target is not None and registry.unblock(target, error))
+
 
 async def run_blocking_write(backend, registry: BlockingRegistry, resolved, owner=None):
     """A blocking write form (resolve_command returned a plan): its reply."""
@@ -227,7 +287,11 @@ async def run_blocking_read(backend, registry: BlockingRegistry, argv, keys, tim
             # retry_argv has `$` resolved to the IDs it meant when the client
             # blocked; a retry that finds nothing blocks again with the same argv.
             reply = await backend.read(retry, linearizable)
-            if isinstance(reply, WouldBlock):
+            if isinstance(reply, WrongTypeError):
+                # A key became another type while we waited: redis serves a
+                # woken XREAD only from streams and leaves it blocked.
+                reply = WouldBlock(keys, timeout_ms, retry, timeout_reply)
+            elif isinstance(reply, WouldBlock):
                 reply = WouldBlock(reply.keys, reply.timeout_ms, retry, reply.timeout_reply)
         return reply
     finally:

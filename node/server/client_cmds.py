@@ -1,4 +1,4 @@
-"""CLIENT: ID, GETNAME, SETNAME, INFO, LIST, KILL, with redis 7.0's replies and errors.
+"""CLIENT: ID, GETNAME, SETNAME, INFO, LIST, KILL, UNBLOCK, with redis 7.0's replies and errors.
 
 Checked against redis-server 7.0.15 (networking.c clientCommand,
 catClientInfoString). A CLIENT LIST line carries the fields redis prints, in
@@ -7,14 +7,14 @@ multi-mem, rbs, rbp, tot-mem) are reported as 0, and every client is a
 "normal" client of user "default" on db 0 (xraft has no pub/sub, replicas
 connected as clients, ACL users or other databases).
 
-CLIENT UNBLOCK is another module's (blocked clients): it registers itself in
-SUBCOMMANDS (register_subcommand), as KILL and the others do here.
+CLIENT UNBLOCK lives with the blocked clients (blocking.client_unblock).
 """
 import time
 
 from ..engine.errors import CommandError, syntax_error, wrong_arity
 from ..engine.replies import OK
 from ..engine.streamid import string2ll
+from .blocking import client_unblock
 from .cluster_cmds import Verbatim
 
 ERR_BAD_NAME = "ERR Client names cannot contain spaces, newlines or special characters."
@@ -182,12 +182,8 @@ SUBCOMMANDS = {
     b"info": (2, _client_info),
     b"list": (-2, client_list),
     b"kill": (-3, client_kill),
+    b"unblock": (-3, lambda client, argv: client_unblock(client.server.registry, client.server.clients, argv)),
 }
-
-
-def register_subcommand(name: bytes, arity: int, handler) -> None:
-    """Hook for CLIENT subcommands served elsewhere (CLIENT UNBLOCK: blocked clients)."""
-    SUBCOMMANDS[name.lower()] = (arity, handler)
 
 
 def client_command(client, argv):

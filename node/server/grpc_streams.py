@@ -12,6 +12,7 @@ from xraft.proto.v1 import client_pb2 as pb
 
 from ..engine.errors import EngineError
 from ..engine.replies import NULL_ARRAY
+from ..fsm.blocking import woken_xreadgroup_request
 from ..fsm.resolve import resolve_command
 from . import grpc_convert as cv
 
@@ -186,6 +187,7 @@ class _ConsumeSession:
         self.inflight = collections.deque()
         self.reserved = 0                    # entries requested by the reads in flight
         self.ahead = 1                       # reads allowed in flight: 1 until one comes back full
+        self.woken = False                   # a ">" read has found the group: reads now use the woken form
         self.acks: list = []                 # ConsumeAck read, not yet written
         self.acks_changed = asyncio.Event()  # acks queued, the input ended, or acks taken
         self.acks_ended = False
@@ -203,14 +205,20 @@ class _ConsumeSession:
             return self.batch
         return min(self.batch, self.window - self.n_unacked + self.n_releasing - self.reserved)
 
-    def _readgroup_argv(self, ids, count) -> list:
+    def _readgroup_request(self, ids, count):
         self.reads += 1
-        return cv.xreadgroup_argv(self.start.group, self.start.consumer, self.keys, ids, count, None,
+        argv = cv.xreadgroup_argv(self.start.group, self.start.consumer, self.keys, ids, count, None,
                                   self.start.no_ack)
+        if self.woken:
+            # Once a read found the group, a later one that finds the key
+            # deleted, retyped or the group destroyed fails as a blocked
+            # redis XREADGROUP is woken: -UNBLOCKED / NOGROUP (engine xreadgroup_woken).
+            return woken_xreadgroup_request(0, 0, argv)
+        return resolve_command(0, 0, argv).request
 
     async def _readgroup(self, ids, count):
         """XREADGROUP through the log: its reply, [[key, [[id, fields], ...]], ...] or NULL_ARRAY."""
-        return await self.service._write(self.call, self._readgroup_argv(ids, count))
+        return _ok((await self.service._submit(self.call, [self._readgroup_request(ids, count)]))[0])
 
     def _deliver(self, reply, track: bool) -> None:
         """One delivery message of a read's entries (streams with entries only);
@@ -285,6 +293,7 @@ class _ConsumeSession:
             read, room, after = inflight[0]
             try:
                 reply = _nonempty(await read)
+                self.woken = True
                 while self.ack_writes_done < after:   # the acks it counted on: applied first
                     self.acks_applied.clear()
                     await self.acks_applied.wait()
@@ -403,7 +412,7 @@ class _ConsumeSession:
             room = self._room()
             if room <= 0:
                 break
-            requests.append(resolve_command(0, 0, self._readgroup_argv(ids, room)).request)
+            requests.append(self._readgroup_request(ids, room))
             read = loop.create_future()
             self.inflight.append((read, room, self.ack_writes_started))
             self.reserved += room

@@ -148,10 +148,32 @@ def test_blocking_forms_become_non_blocking(cmd, form, keys, timeout):
 
 def test_xreadgroup_retry_adds_redis_woken_count():
     plan = resolve_command(1, 1, argv("XREADGROUP GROUP g c COUNT 0 BLOCK 0 STREAMS s >")).plan
-    assert plan.retry_argv == tuple(argv("XREADGROUP GROUP g c COUNT 0 COUNT 1000 STREAMS s >"))
+    assert plan.retry_argv == tuple(argv("xreadgroup-woken GROUP g c COUNT 0 COUNT 1000 STREAMS s >"))
     assert retry_request(plan, 1, 2) == Request.command(1, 2, plan.retry_argv)
     plan = resolve_command(1, 1, argv("XREADGROUP GROUP g c COUNT 3 BLOCK 0 STREAMS s >")).plan
-    assert plan.retry_argv == plan.argv
+    assert plan.retry_argv == (b"xreadgroup-woken",) + plan.argv[1:]
+
+
+@pytest.mark.parametrize("cmd", ["xreadgroup-woken GROUP g c STREAMS s >", "lpop-woken l", "rpop-woken l",
+                                 "lmpop-woken 1 l LEFT", "lmove-woken l m LEFT RIGHT"])
+def test_the_woken_retries_are_refused_from_clients(cmd):
+    """Only the server proposes them: a client sending one gets redis's unknown command."""
+    with pytest.raises(EngineError, match="unknown command '%s'" % cmd.split()[0]):
+        resolve_command(1, 1, argv(cmd))
+    with pytest.raises(ExecAbort):
+        resolve_transaction(1, 1, [argv(cmd)])
+
+
+@pytest.mark.parametrize("cmd, retry", [
+    ("BLPOP l 0", "lpop-woken l"),
+    ("BRPOP l 0", "rpop-woken l"),
+    ("BLPOP a b 0", "lmpop-woken 2 a b LEFT"),
+    ("BLMOVE l m LEFT RIGHT 0", "lmove-woken l m LEFT RIGHT"),
+    ("BRPOPLPUSH l m 0", "lmove-woken l m RIGHT LEFT"),
+    ("BLMPOP 0 2 a b RIGHT COUNT 3", "lmpop-woken 2 a b RIGHT COUNT 3"),
+])
+def test_list_retries_are_the_woken_forms(cmd, retry):
+    assert resolve_command(1, 1, argv(cmd)).plan.retry_argv == tuple(argv(retry))
 
 
 def test_xreadgroup_option_errors_come_before_proposing_even_without_block():

@@ -33,6 +33,7 @@ GROUP_TEMPLATES = [
     "XREADGROUP GROUP {g} {c} STREAMS s1 s2 0 >",
     "XREADGROUP GROUP {g} {c} STREAMS {s} 18446744073709551615-18446744073709551615",
     "XREADGROUP GROUP {g} {c} STREAMS {s} $", "XREADGROUP GROUP nog {c} STREAMS {s} >",
+    "xreadgroup-woken GROUP {g} {c} COUNT {n} STREAMS {s} >", "xreadgroup-woken GROUP {g} {c} STREAMS s1 s2 > >",
     "XACK {s} {g} {id} {id}", "XACK {s} {g} {id}",
     "XCLAIM {s} {g} {c} 0 {id}", "XAUTOCLAIM {s} {g} {c} 0 0 COUNT 2",
     "CONFIG SET stream-node-max-entries 3", "CONFIG SET stream-node-max-entries 100",

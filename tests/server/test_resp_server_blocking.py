@@ -297,3 +297,64 @@ def test_wake_ups_cost_few_retries(srv):
     # 1 push + 40 served pops + the retries that found the list empty (at most
     # a wake batch per drain, not one per waiter per element).
     assert requests <= 1 + 40 + 2 * srv.server.registry.wake_batch, requests
+
+
+# -- the gRPC API: blocked reads that lose their key or group wake with redis's errors --
+
+WAKE_S = 10          # a hung call fails the test instead of blocking it
+
+
+def test_grpc_blocked_xreadgroup_wakes_with_redis_errors():
+    """XReadGroup BLOCK 0 over gRPC: the key deleted -> UNBLOCKED, the group
+    destroyed -> NOGROUP, both with the texts of a woken redis reader."""
+    import asyncio
+
+    from tests.client import run, serving
+    from xraft.client import errors
+    from xraft.client.aio import Client
+
+    async def blocked_read(c, trigger):
+        await c.execute("DEL", "s")
+        await c.xgroup_create("s", "g", "$", mkstream=True)
+        read = asyncio.ensure_future(c.xreadgroup("g", "alice", {"s": ">"}, block_ms=0))
+        await asyncio.sleep(0.2)            # parked (if not, the trigger's error differs below)
+        await c.execute(*trigger)
+        return await asyncio.wait_for(read, WAKE_S)
+
+    async def body():
+        async with serving() as (addr, _, _s):
+            async with Client([addr], timeout=30) as c:
+                with pytest.raises(errors.UnblockedError, match="^UNBLOCKED the stream key no longer exists$"):
+                    await blocked_read(c, ("DEL", "s"))
+                with pytest.raises(errors.UnblockedError, match="^UNBLOCKED the stream key no longer exists$"):
+                    await blocked_read(c, ("SET", "s", "x"))
+                with pytest.raises(errors.NoGroupError,
+                                   match="^NOGROUP the consumer group this client was blocked on no longer exists$"):
+                    await blocked_read(c, ("XGROUP", "DESTROY", "s", "g"))
+    run(body)
+
+
+def test_grpc_consume_ends_with_unblocked_when_its_stream_is_deleted():
+    """A drained Consume session waits on its keys; the stream deleted ends it
+    with redis's -UNBLOCKED rather than leaving it waiting forever."""
+    import asyncio
+
+    from tests.client import run, serving
+    from xraft.client import errors
+    from xraft.client.aio import Client
+
+    async def body():
+        async with serving() as (addr, _, _s):
+            async with Client([addr], timeout=30) as c:
+                await c.xgroup_create("s", "g", "0", mkstream=True)
+                await c.xadd("s", {"f": "v"}, "1-1")
+                async with c.consume(["s"], "g", "w") as session:
+                    it = session.__aiter__()
+                    d = await asyncio.wait_for(it.__anext__(), WAKE_S)
+                    assert await d.ack() == 1
+                    nxt = asyncio.ensure_future(it.__anext__())
+                    await asyncio.sleep(0.2)        # drained: waiting on s
+                    assert await c.execute("DEL", "s") == 1
+                    with pytest.raises(errors.UnblockedError, match="stream key no longer exists"):
+                        await asyncio.wait_for(nxt, WAKE_S)
+    run(body)
