@@ -89,7 +89,10 @@ def is_blocking_form(argv) -> bool:
 # attempt that serves. Applies to the plain forms with a request id too, for
 # the same reason. Decided from the log alone (the request's argv and the
 # recorded result): every replica decides alike.
-_RERUNNABLE = frozenset((b"lpop", b"rpop", b"lmpop", b"lmove", b"rpoplpush", b"xreadgroup"))
+_RERUNNABLE = frozenset((b"lpop", b"rpop", b"lmpop", b"lmove", b"rpoplpush", b"xreadgroup",
+                         # the woken forms a blocked client's retries are proposed as (below)
+                         b"lpop-woken", b"rpop-woken", b"lmpop-woken", b"lmove-woken",
+                         b"xreadgroup-woken"))
 
 
 def may_run_again(argv, recorded) -> bool:
