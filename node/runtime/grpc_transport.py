@@ -696,19 +696,26 @@ class GrpcTransport:
                    "node %d: refused a peer stream from %s: %s", self.node_id, context.peer(), why)
         await context.abort(code, why)
 
+    async def _read_hello(self, context, which: str):
+        """The next frame, which must be a Hello (`which`: "first" or "third"); grpc.aio.EOF if
+        the dialler left. Anything else, or nothing in time, ends the call here."""
+        try:
+            frame = await asyncio.wait_for(context.read(), self.limits.handshake_timeout_s)
+        except asyncio.TimeoutError:
+            await self._refuse(context, grpc.StatusCode.DEADLINE_EXCEEDED, f"no {which} Hello in time")
+        except DecodeError:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"{which} frame is not a PeerEnvelope")
+        if frame is not grpc.aio.EOF and frame.WhichOneof("body") != "hello":
+            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
+                               f"{which} frame is {frame.WhichOneof('body')}, not "
+                               + ("a Hello" if which == "first" else "the confirming Hello"))
+        return frame
+
     async def _check_confirm(self, context, first: peer_pb2.Hello, answer: peer_pb2.Hello) -> None:
         """Step 3: the dialler's signature over our nonce, or the call ends here."""
-        try:
-            confirm = await asyncio.wait_for(context.read(), self.limits.handshake_timeout_s)
-        except asyncio.TimeoutError:
-            await self._refuse(context, grpc.StatusCode.DEADLINE_EXCEEDED, "no confirmation in time")
-        except DecodeError:
-            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "confirmation is not a PeerEnvelope")
+        confirm = await self._read_hello(context, "third")
         if confirm is grpc.aio.EOF:
             await context.abort(grpc.StatusCode.CANCELLED, "the dialler left during the handshake")
-        if confirm.WhichOneof("body") != "hello":
-            await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
-                               f"third frame is {confirm.WhichOneof('body')}, not the confirming Hello")
         try:
             self.auth.check_dialler_confirm(confirm.hello, first, answer)
         except HelloRefused as exc:
@@ -722,17 +729,9 @@ class GrpcTransport:
             await self._refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "too many pending handshakes")
         self._handshaking += 1
         try:
-            try:
-                first = await asyncio.wait_for(context.read(), self.limits.handshake_timeout_s)
-            except asyncio.TimeoutError:
-                await self._refuse(context, grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello in time")
-            except DecodeError:
-                await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "first frame is not a PeerEnvelope")
+            first = await self._read_hello(context, "first")
             if first is grpc.aio.EOF:
                 return
-            if first.WhichOneof("body") != "hello":
-                await self._refuse(context, grpc.StatusCode.FAILED_PRECONDITION,
-                                   f"first frame is {first.WhichOneof('body')}, not a Hello")
             try:
                 self.auth.check_dialler_hello(first.hello)
             except HelloRefused as exc:
