@@ -58,6 +58,7 @@ from .errors import ExecAbort, NotAWrite
 
 
 MAX_CLOCK_LEAD_MS = 1_000     # how far a stamp may run ahead of the node's monotonic estimate
+MAX_GROUP_CLOCKS = 1_024      # peer clock readings cap_by_group takes (one per peer)
 
 
 class TimeStamper:
@@ -65,9 +66,9 @@ class TimeStamper:
     Not replicated: each node keeps its own, seeded on becoming leader with
     the largest time in its log.
 
-    Bound (the rule, also in docs/architecture.md "Replicated time"): the
-    stamper keeps `offset`, the largest (wall - monotonic) difference it
-    trusts, and never stamps beyond
+    Bound (the rule, also in docs/architecture.md "Sessions and replicated
+    time"): the stamper keeps `offset`, the largest (wall - monotonic)
+    difference it trusts, and never stamps beyond
 
         limit = offset + monotonic_now + max_lead_ms
 
@@ -77,17 +78,24 @@ class TimeStamper:
     clock jumps ahead by an hour moves replicated time at the speed of its
     monotonic clock, not an hour at once; the stamp never goes below the
     floor either (time never runs backwards). Sources of trust:
-      * the node's own clock when it started (`anchor`). A node whose clock
-        is already wrong at start is trusted as it is: the peer handshake no
-        longer compares clocks (runtime/peer_auth.py), and a replayed log
-        cannot tell an old record from a slow peer clock. Bounding a leader
-        by its peers' live clocks is the next step (docs/architecture.md);
+      * the node's own clock when it started (`anchor`);
       * the times of records other leaders stamped (`observe` with the
         monotonic time they were applied here): if the group's clock is
         ahead of ours, we follow it rather than hold time back. Old records
         (a log replayed at start) give smaller offsets and change nothing.
+    And one ceiling, the only way offset goes down (`cap_by_group`): the
+    group's clocks as read in the peer handshake (runtime/peer_auth.py). Our
+    clock counts as one vote and each peer's as one; when a strict majority
+    of them says time is more than max_lead_ms behind what we trust, we trust
+    the majority's (the upper median) instead. This catches a node that
+    started with its clock already ahead (anchor trusted it) and a group
+    whose previous leader was ahead (observe trusted it); one skewed peer,
+    ahead or behind, is outvoted by the others. The floor stays: time that
+    already ran ahead stands still (stamps = floor, XADD `*` IDs only raise
+    their sequence) until the capped limit passes it.
     What it does not cover: a node that becomes leader with no anchor
-    (anchor() never called) trusts its wall clock, as before."""
+    (anchor() never called) trusts its wall clock, as before; with no peer
+    reading (a single node) there is no group to vote."""
 
     def __init__(self, floor_ms: int = 0, max_lead_ms: int = MAX_CLOCK_LEAD_MS):
         invariant(type(floor_ms) is int and 0 <= floor_ms <= MAX_NOW_MS, "floor out of range")
@@ -95,8 +103,10 @@ class TimeStamper:
         self._floor = floor_ms      # Invariant: >= every now_ms proposed or observed; never decreases
         self.max_lead_ms = max_lead_ms
         self._offset = None         # Invariant: None, or the largest trusted (time - monotonic ms)
+        #                             since the last cap_by_group that lowered it
         self._own_max = 0           # Invariant: the largest now_ms this stamper returned
         self.clamped = 0            # stamps the bound held back (INFO, tests)
+        self.capped = 0             # times the group's clocks lowered offset (INFO, tests)
 
     @property
     def floor_ms(self) -> int:
@@ -107,8 +117,31 @@ class TimeStamper:
         self._trust(clock_ms - mono_ms)
 
     def _trust(self, offset: int) -> None:
+        # Only raises offset: see cap_by_group for the one way down.
         if self._offset is None or offset > self._offset:
             self._offset = offset
+
+    def cap_by_group(self, skews_ms, clock_ms: int, mono_ms: int) -> bool:
+        """Lower the trusted offset to the group's when a majority of clocks is
+        behind it (class doc). `skews_ms`: each peer's clock minus our wall
+        clock `clock_ms`, now (at monotonic `mono_ms`). True if it lowered."""
+        skews = list(skews_ms)
+        invariant(len(skews) <= MAX_GROUP_CLOCKS, "a bounded number of peer clocks")
+        invariant(all(type(d) is int for d in skews) and type(clock_ms) is int and type(mono_ms) is int,
+                  "clock readings are ints")
+        if not skews or self._offset is None:
+            return False                         # no group to vote, or no bound to lower
+        votes = sorted(skews + [0])              # 0: our own clock's vote
+        # votes[n // 2]: the smallest skew a strict majority is at or below (a median that,
+        # with an even count, needs more than half: two nodes never outvote each other).
+        group_offset = clock_ms - mono_ms + votes[len(votes) // 2]
+        if self._offset - group_offset <= self.max_lead_ms:
+            return False
+        # The one place offset goes down: a majority of clocks says ours (or the one we
+        # trusted from a record) is ahead. The floor is untouched: time never runs back.
+        self._offset = group_offset
+        self.capped += 1
+        return True
 
     def limit(self, mono_ms: int):
         """The largest time a stamp may take at monotonic `mono_ms` (None: no bound)."""

@@ -10,7 +10,9 @@ Handshake (peer_auth.py). The dialler sends its Hello, the acceptor checks it
 (cluster id, known node id, HMAC proof) and answers with its own Hello bound to
 the dialler's nonce, which the dialler checks (and the acceptor's incarnation);
 the dialler confirms with a third Hello bound to the acceptor's nonce, which
-the acceptor checks (and the dialler's incarnation). No clock is compared.
+the acceptor checks (and the dialler's incarnation). No clock is compared, but
+each side keeps the other's clock reading from the handshake (peer_clock_skews(),
+add_clock_listener(): the leader caps replicated time by the group's clocks).
 Until all three passed, nothing is delivered and nothing is sent: a process
 without the cluster's secret can never vote or append. A refusal ends
 the call with the status named in peer.proto and is logged on both sides.
@@ -368,7 +370,8 @@ class GrpcTransport:
                  peers: dict[int, str], tls: Optional[TlsConfig] = None,
                  limits: TransportLimits = TransportLimits(), advertise_address: Optional[str] = None,
                  incarnation: Optional[bytes] = None,
-                 check_incarnation: Optional[Callable[[int, bytes], None]] = None):
+                 check_incarnation: Optional[Callable[[int, bytes], None]] = None,
+                 clocks: Optional[dict] = None):
         limits.validate()
         if node_id in peers:
             raise TransportError(f"node {node_id} lists itself as a peer")
@@ -380,12 +383,14 @@ class GrpcTransport:
         self.stats = TransportStats()
         # incarnation / check_incarnation: node_main passes the data dir's (incarnation.py);
         # without them this is a fresh incarnation that accepts any peer's (tests).
+        # clocks: {"clock_ms": wall, "mono_ms": monotonic} for tests; the real ones otherwise.
         self.auth = PeerAuthenticator(node_id, cluster_id, secret, known_node=self._is_peer,
                                       incarnation=incarnation,
                                       max_envelope_bytes=limits.max_envelope_bytes,
                                       advertise_address=advertise_address or listen_addr,
                                       **({} if check_incarnation is None else
-                                         {"check_incarnation": check_incarnation}))
+                                         {"check_incarnation": check_incarnation}), **(clocks or {}))
+        self._clock_listeners: list[Callable[[], None]] = []
         self.handler: Optional[TransportHandler] = None
         self.port: Optional[int] = None  # bound by serve()
         self._server: Optional[grpc.aio.Server] = None
@@ -421,6 +426,7 @@ class GrpcTransport:
     def remove_peer(self, peer: int) -> None:
         """A node left: stop dialling it and refuse its streams."""
         link = self._links.pop(peer, None)
+        self.auth.peer_clocks.forget(peer)
         if link is not None and link.task is not None:
             link.task.cancel()
         entry = self._inbound.pop(peer, None)
@@ -477,6 +483,21 @@ class GrpcTransport:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(grace=None)
+
+    def peer_clock_skews(self) -> dict[int, int]:
+        """{peer: its clock minus ours (ms), now}, as read in its last handshake (peer_auth.PeerClocks)."""
+        return {n: d for n, d in self.auth.peer_clock_skews().items() if self._is_peer(n)}
+
+    def add_clock_listener(self, callback: Callable[[], None]) -> None:
+        """callback() after every handshake that read a peer's clock (peer_clock_skews changed)."""
+        self._clock_listeners.append(callback)
+
+    def _clock_read(self) -> None:
+        for cb in list(self._clock_listeners):
+            try:
+                cb()
+            except Exception:
+                log.exception("clock listener failed")
 
     def link_up(self, peer: int) -> bool:
         link = self._links.get(peer)
@@ -640,6 +661,7 @@ class GrpcTransport:
         if env.WhichOneof("body") != "hello":
             raise HelloRefused(RefusalCode.FAILED_PRECONDITION, f"answered with {env.WhichOneof('body')}")
         self.auth.check_acceptor_hello(env.hello, mine)
+        self._clock_read()
         await call.write(peer_pb2.PeerEnvelope(hello=self.auth.dialler_confirm(env.hello, mine))
                          .SerializeToString())
         return env.hello
@@ -720,6 +742,7 @@ class GrpcTransport:
             self.auth.check_dialler_confirm(confirm.hello, first, answer)
         except HelloRefused as exc:
             await self._refuse(context, _REFUSAL_STATUS[exc.code], exc.reason)
+        self._clock_read()
 
     async def _serve_inbound(self, context) -> None:
         handler = self.handler

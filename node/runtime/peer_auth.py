@@ -19,9 +19,17 @@ side's fresh nonce (2 for the dialler, 3 for the acceptor), so a Hello captured
 from another handshake proves nothing, now or later, and two nodes whose
 clocks are minutes or days apart still connect. (Version 1 checked unix_ms
 against a 30 s window instead, which cut nodes with skewed clocks off the
-cluster.) unix_ms is still sent and signed, for logs only; the role byte keeps
-one step's proof from standing in for another's, the length prefixes keep two
-nonce splits from signing alike.
+cluster.) unix_ms is still sent and signed; the role byte keeps one step's
+proof from standing in for another's, the length prefixes keep two nonce
+splits from signing alike.
+
+Peer clocks. No check depends on unix_ms, but the handshake is where a node
+reads its peers' clocks (PeerClocks): the acceptor's answer (step 2) and the
+dialler's confirmation (step 3) are each signed over a nonce the reader drew
+moments before, so their unix_ms was read by the peer within one round trip
+of their receipt. The leader caps replicated time by these readings
+(fsm/resolve.py TimeStamper.cap_by_group). Step 1 is not fresh (it may be a
+replay) and is not read.
 
 Each Hello also carries the sender's incarnation (incarnation.py: 16 random
 bytes drawn when its data dir was bootstrapped). Once the other side is
@@ -33,8 +41,8 @@ on-path attacker who lets the handshake through and then injects frames into
 the plaintext TCP stream. Configure TLS (grpc_transport.TlsConfig) when the
 network between nodes is not trusted.
 
-This module is transport-free (hashlib/hmac, a clock for the informational
-unix_ms, os.urandom): the gRPC plumbing lives in grpc_transport.py and maps
+This module is transport-free (hashlib/hmac, a wall and a monotonic clock for
+unix_ms and its readings, os.urandom): the gRPC plumbing lives in grpc_transport.py and maps
 HelloRefused.code onto a gRPC status.
 """
 from __future__ import annotations
@@ -68,6 +76,7 @@ PROOF_BYTES = 32
 MAX_ADVERTISE_BYTES = 256
 INCARNATION_BYTES = 16
 ROLE_DIAL, ROLE_ACCEPT, ROLE_CONFIRM = b"D", b"A", b"C"  # which step of the handshake a proof signs
+MAX_PEER_CLOCKS = 1024  # clock readings kept, one per peer node id (the oldest goes first beyond it)
 MAX_ENVELOPE_BYTES = 16 << 20  # the proto's default and maximum
 MIN_ENVELOPE_BYTES = 2 << 20
 _U64 = struct.Struct(">Q")
@@ -172,6 +181,42 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _mono_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class PeerClocks:
+    """The last fresh clock reading of each peer: its signed unix_ms against our
+    monotonic clock at receipt. Kept that way, not as a skew against our wall
+    clock, so that a step of our own wall clock after the reading does not
+    shift what we believe of the peer's: skews() extrapolates each peer's clock
+    at monotonic speed and compares it with our wall clock now. A reconnect
+    refreshes a peer's reading; readings are not aged otherwise (clocks drift
+    slowly, and a peer whose clock is stepped reconnects rarely, so a stale
+    reading is one vote of a median, see TimeStamper.cap_by_group)."""
+
+    def __init__(self, limit: int = MAX_PEER_CLOCKS):
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+        # Invariant: node id -> (peer unix_ms - our monotonic ms at receipt); <= limit entries,
+        # in the order they were last read (a refresh moves its entry last).
+        self._offsets: dict[int, int] = {}
+
+    def record(self, node_id: int, unix_ms: int, mono_ms: int) -> None:
+        self._offsets.pop(node_id, None)
+        if len(self._offsets) >= self.limit:
+            del self._offsets[next(iter(self._offsets))]
+        self._offsets[node_id] = unix_ms - mono_ms
+
+    def forget(self, node_id: int) -> None:
+        self._offsets.pop(node_id, None)
+
+    def skews(self, wall_ms: int, mono_ms: int) -> dict[int, int]:
+        """{node id: its clock minus our wall clock `wall_ms`}, now (at monotonic `mono_ms`)."""
+        return {n: off + mono_ms - wall_ms for n, off in self._offsets.items()}
+
+
 def _accept_any_incarnation(_node_id: int, _incarnation: bytes) -> None:
     return None
 
@@ -183,8 +228,9 @@ class PeerAuthenticator:
     `incarnation` is this node's (16 bytes; a random one when not given: an
     in-memory node is a new incarnation every time); `check_incarnation` raises
     HelloRefused for a peer's incarnation it refuses (PeerIncarnations.check),
-    and runs only on a Hello proven fresh; `clock_ms` only feeds unix_ms (logs):
-    no check depends on it, so tests inject skewed clocks to show exactly that.
+    and runs only on a Hello proven fresh; `clock_ms` feeds unix_ms and, with
+    `mono_ms`, the peers' clock readings (`peer_clocks`): no check depends on
+    either, so tests inject skewed clocks to show exactly that.
     """
 
     def __init__(self, node_id: int, cluster_id: str, secret: bytes, *,
@@ -193,7 +239,8 @@ class PeerAuthenticator:
                  check_incarnation: Callable[[int, bytes], None] = _accept_any_incarnation,
                  max_envelope_bytes: int = MAX_ENVELOPE_BYTES,
                  advertise_address: str = "",
-                 clock_ms: Callable[[], int] = _wall_ms):
+                 clock_ms: Callable[[], int] = _wall_ms,
+                 mono_ms: Callable[[], int] = _mono_ms):
         if not 0 < node_id <= _MAX_U64:
             raise ValueError(f"node id {node_id} must be > 0")
         if len(secret) < MIN_SECRET_BYTES:
@@ -215,6 +262,8 @@ class PeerAuthenticator:
         self.max_envelope_bytes = max_envelope_bytes
         self.advertise_address = advertise_address
         self.clock_ms = clock_ms
+        self.mono_ms = mono_ms
+        self.peer_clocks = PeerClocks()
 
     def _hello(self, role: bytes, peer_node_id: int, nonce: bytes, reply_to_nonce: bytes) -> peer_pb2.Hello:
         now = max(0, min(_MAX_U64, int(self.clock_ms())))
@@ -258,6 +307,7 @@ class PeerAuthenticator:
             raise HelloRefused(RefusalCode.UNAUTHENTICATED, "the answer does not reply to our nonce")
         self._check_common(h, ROLE_ACCEPT)
         self.check_incarnation(h.node_id, h.incarnation)  # fresh and authentic: now it may teach us
+        self.peer_clocks.record(h.node_id, h.unix_ms, self.mono_ms())   # made after our nonce: fresh
 
     # -- step 3 (dialler) and its check (acceptor)
 
@@ -275,6 +325,11 @@ class PeerAuthenticator:
             raise HelloRefused(RefusalCode.UNAUTHENTICATED, "the confirmation does not reply to our nonce")
         self._check_common(h, ROLE_CONFIRM)
         self.check_incarnation(h.node_id, h.incarnation)
+        self.peer_clocks.record(h.node_id, h.unix_ms, self.mono_ms())   # made after our nonce: fresh
+
+    def peer_clock_skews(self) -> dict[int, int]:
+        """{peer node id: its clock minus ours, in ms}, from each peer's last handshake."""
+        return self.peer_clocks.skews(int(self.clock_ms()), int(self.mono_ms()))
 
     def _check_common(self, h: peer_pb2.Hello, role: bytes) -> None:
         """Checks every Hello gets, cheapest first; the HMAC comes last."""

@@ -145,7 +145,10 @@ class Node:
                                    read_timeout_s=max(5.0, 2 * election_s),
                                    leader_ready_timeout_s=max(5.0, 2 * election_s),
                                    warm_up_retry_s=min(0.05, cfg.tick_ms / 1000),
-                                   leader_settle_s=2 * election_s)
+                                   leader_settle_s=2 * election_s,
+                                   peer_clock_skews=transport.peer_clock_skews)
+        # Every handshake reads a peer's clock: replicated time stays within the group's (C6).
+        transport.add_clock_listener(self.backend.cap_time_by_group)
         self.backend.add_failure_listener(self._on_group_failed)
         self.backend.add_role_listener(self._update_health)
 

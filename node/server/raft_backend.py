@@ -56,7 +56,10 @@ that window (one heartbeat round in practice) wait for it, bounded by
 leader_ready_timeout_s, instead of being redirected to ourselves.
 Stamps (and the time reads use) are also held to the stamper's bound against
 wall-clock jumps: anchored at start, fed every applied record's time with the
-monotonic time it was applied here (FsmAdapter on_time), read with `mono_clock`.
+monotonic time it was applied here (FsmAdapter on_time), read with `mono_clock`,
+and capped by the group's clocks (`peer_clock_skews`, the transport's handshake
+readings; cap_time_by_group) on every new reading and before a new leader's
+first write, so a node that started with its clock ahead is outvoted.
 
 Reads. Linearizable: ReadIndex on the leader (the driver batches every read
 queued in one iteration into one round), then StateMachine.read. A follower
@@ -181,6 +184,7 @@ class RaftBackend(Backend):
     def __init__(self, raft_id: int, addresses: dict, *, config: Optional[EngineConfig] = None,
                  clock: Optional[Callable[[], int]] = None,
                  mono_clock: Optional[Callable[[], int]] = None,
+                 peer_clock_skews: Optional[Callable[[], dict]] = None,
                  propose_timeout_s: float = 10.0, read_timeout_s: float = 5.0,
                  leader_ready_timeout_s: float = 5.0, warm_up_retry_s: float = 0.05,
                  leader_settle_s: float = 2.0, max_pending_requests: int = 100_000,
@@ -196,6 +200,8 @@ class RaftBackend(Backend):
         self._mono = mono_clock or (lambda: time.monotonic_ns() // 1_000_000)
         self.stamper = TimeStamper()
         self.stamper.anchor(self._clock(), self._mono())
+        # {peer id: its clock minus ours, ms} (GrpcTransport.peer_clock_skews); None: no group vote.
+        self._peer_clock_skews = peer_clock_skews
         own = self.addresses[raft_id].resp
         self.node_id = cluster_node_id(own) if own else ""
         self.propose_timeout_s = propose_timeout_s
@@ -376,6 +382,7 @@ class RaftBackend(Backend):
             r = self._core()
             if r.state == StateRole.LEADER and r.term == term:
                 self.stamper.observe(self.sm.last_now_ms)
+                self.cap_time_by_group()          # before our first stamp in this term
                 self._ready_term = term
                 self._bump()
                 self._notify_role()
@@ -442,6 +449,16 @@ class RaftBackend(Backend):
 
     def now_ms(self) -> int:
         return self._clock()
+
+    def cap_time_by_group(self) -> None:
+        """Hold the stamper to the group's clocks (TimeStamper.cap_by_group). Called when
+        the transport read a peer's clock, and as this node takes office."""
+        if self._peer_clock_skews is None:
+            return
+        skews = self._peer_clock_skews()
+        if self.stamper.cap_by_group(skews.values(), self.now_ms(), self._mono()):
+            log.warning("this node's clock is ahead of its peers' (skews %s ms): replicated time is "
+                        "held to the group's clocks", sorted(skews.values()))
 
     def _on_applied_time(self, now_ms: int) -> None:
         self.stamper.observe(now_ms, self._mono())
@@ -521,6 +538,8 @@ class RaftBackend(Backend):
             "raft_syncs": d.stats.syncs,
             "raft_snapshots_created": d.stats.snapshots_created,
             "raft_snapshots_installed": d.stats.snapshots_installed,
+            "raft_time_clamped": self.stamper.clamped,
+            "raft_time_capped": self.stamper.capped,
             "raft_failed": st.failed or "",
         }
 

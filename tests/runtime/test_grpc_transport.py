@@ -66,13 +66,13 @@ def app(frm, to, index, data=b"v", term=3):
                    entries=(Entry(term=term, index=index, data=data),))
 
 
-async def make_nodes(ids, secrets=None, clusters=None, limits=FAST, tls=None, ports=None):
+async def make_nodes(ids, secrets=None, clusters=None, limits=FAST, tls=None, ports=None, clocks=None):
     """Transports for `ids`, each on its own server, all knowing each other; started with Recorders."""
     ts = {}
     for i in ids:
         listen = f"127.0.0.1:{(ports or {}).get(i, 0)}"
         t = GrpcTransport(i, (clusters or {}).get(i, CLUSTER), (secrets or {}).get(i, SECRET), listen, {},
-                          tls=(tls or {}).get(i), limits=limits)
+                          tls=(tls or {}).get(i), limits=limits, clocks=(clocks or {}).get(i))
         await t.serve()
         ts[i] = t
     for i, t in ts.items():
@@ -235,6 +235,75 @@ def test_replays_are_refused_on_both_sides():
     again = a.dialler_hello(2)
     with pytest.raises(HelloRefused, match="nonce"):
         a.check_acceptor_hello(old_reply, again)
+
+
+HOUR = 3_600_000
+
+
+def test_the_handshake_reads_each_peers_clock_on_both_sides():
+    """ISSUE9 C6: the acceptor's answer (dialler side) and the dialler's confirmation (acceptor
+    side), both fresh, give each side the other's clock, kept against its monotonic clock."""
+    wall1, wall2, mono1, mono2 = Clock(), Clock(Clock().ms - HOUR), Clock(500), Clock(9_000)
+    a = PeerAuthenticator(1, CLUSTER, SECRET, known_node=lambda n: n == 2, clock_ms=wall1, mono_ms=mono1)
+    b = PeerAuthenticator(2, CLUSTER, SECRET, known_node=lambda n: n == 1, clock_ms=wall2, mono_ms=mono2)
+    h = a.dialler_hello(2)
+    b.check_dialler_hello(h)
+    assert b.peer_clock_skews() == {}               # step 1 may be a replay: not a reading
+    reply = b.acceptor_hello(h)
+    a.check_acceptor_hello(reply, h)
+    assert a.peer_clock_skews() == {2: -HOUR}       # main: no readings at all
+    b.check_dialler_confirm(a.dialler_confirm(reply, h), h, reply)
+    assert b.peer_clock_skews() == {1: HOUR}
+    for c in (wall1, wall2, mono1, mono2):          # time passes alike everywhere: same skews
+        c.ms += 60_000
+    assert a.peer_clock_skews() == {2: -HOUR} and b.peer_clock_skews() == {1: HOUR}
+    wall1.ms -= HOUR // 2                           # node 1's own clock is stepped back after the
+    assert a.peer_clock_skews() == {2: -HOUR // 2}  # reading: what node 2's clock reads is unchanged
+    # A reconnect refreshes the reading (node 2's clock was set right meanwhile).
+    wall2.ms = wall1.ms
+    h = a.dialler_hello(2)
+    b.check_dialler_hello(h)
+    reply = b.acceptor_hello(h)
+    a.check_acceptor_hello(reply, h)
+    assert a.peer_clock_skews() == {2: 0}
+
+
+def test_peer_clock_readings_are_one_per_peer_and_bounded():
+    table = peer_auth.PeerClocks(limit=2)
+    table.record(1, 1_000, 10)
+    table.record(1, 2_000, 10)                      # a refresh replaces the peer's entry
+    table.record(2, 3_000, 10)
+    assert table.skews(1_000, 10) == {1: 1_000, 2: 2_000}
+    table.record(3, 1_000, 10)                      # full: the oldest reading goes
+    assert table.skews(1_000, 10) == {2: 2_000, 3: 0}
+    table.forget(2)
+    assert table.skews(1_000, 10) == {3: 0}
+
+
+def test_transports_expose_their_peers_clock_skews(run):
+    def skewed(ms):
+        return {"clock_ms": lambda: time.time_ns() // 1_000_000 + ms}
+
+    async def main():
+        heard = []
+        ts, _ = await make_nodes((1, 2, 3), clocks={1: skewed(HOUR), 2: skewed(0), 3: skewed(-HOUR)})
+        ts[1].add_clock_listener(lambda: heard.append(ts[1].peer_clock_skews()))
+        try:
+            offset = {1: HOUR, 2: 0, 3: -HOUR}
+            await wait_until(lambda: all(len(t.peer_clock_skews()) == 2 for t in ts.values()), 10, "readings")
+            for i, t in ts.items():
+                for j, d in t.peer_clock_skews().items():
+                    # The reading is the peer's clock within one loopback round trip.
+                    assert abs(d - (offset[j] - offset[i])) < 10_000, (i, j, d)
+            # A new handshake (node 2 redialled) is a new reading, and the listener hears of it.
+            ts[1].add_peer(2, f"127.0.0.1:{ts[2].port}")
+            assert 2 not in ts[1].peer_clock_skews()
+            await wait_until(lambda: 2 in ts[1].peer_clock_skews() and heard and 2 in heard[-1], 10, "refresh")
+            ts[1].remove_peer(3)                    # no longer a peer: no longer a vote
+            assert set(ts[1].peer_clock_skews()) == {2}
+        finally:
+            await close_all(ts)
+    run(main())
 
 
 def test_a_node_back_with_another_incarnation_is_refused_on_both_sides():
