@@ -1,0 +1,280 @@
+"""The slot map: which Raft group owns each of the 16384 slots, who replicates each
+group, and which nodes exist. A pure value (no I/O): every change makes a new map
+with a larger epoch, so two maps are ordered by their epochs and a node can tell
+a stale routing table from a fresh one.
+
+    SlotMap
+      epoch    int          Invariant: >= 1; grows by one with every change
+      owners   bytes        2 * 16384 bytes, little-endian uint16 per slot: the group
+                            that owns slot s is owners[2s:2s+2]. Invariant: every
+                            slot names a group in `groups` (all slots always covered)
+      groups   {gid: GroupSpec}   Invariant: gid >= 1 (0 is the metadata group's)
+      nodes    {nid: NodeSpec}    Invariant: every voter and learner is a node here
+
+    GroupSpec  voters (sorted node ids, non-empty), learners (sorted, disjoint from
+               voters), preferred_leader (a voter: where placement wants its leader),
+               conf_version (the group's membership version; grows on each change)
+    NodeSpec   node_id, grpc "host:port", resp "host:port" ("" until known),
+               state UP | DRAINING | REMOVED
+
+Encoding (`encode`/`decode`): canonical JSON (sorted keys, no spaces), slots as
+[first, last, group] runs. decode() validates every field and every invariant
+above before returning, because the bytes come from disk or a peer.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Iterable, Mapping, Optional, Sequence
+
+from ..engine.slots import SLOT_COUNT
+from ..invariant import invariant
+
+MAX_GROUPS = 4096            # a limit on everything: groups in one map
+MAX_NODES = 1024             # nodes in one map
+MAX_ENCODED_BYTES = 4 << 20  # what decode() accepts
+MAX_GROUP_ID = 0xFFFF        # owners hold uint16 group ids
+
+
+class SlotMapError(ValueError):
+    """A map that breaks an invariant (from decode() or an invalid change)."""
+
+
+class NodeState(enum.Enum):
+    UP = "up"
+    DRAINING = "draining"
+    REMOVED = "removed"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    node_id: int             # Invariant: >= 1
+    grpc: str                # "host:port" the node's gRPC listener (peers and SDK)
+    resp: str = ""           # "host:port" its RESP listener ("" if not known yet)
+    state: NodeState = NodeState.UP
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    group_id: int                    # Invariant: 1 <= group_id <= MAX_GROUP_ID
+    voters: tuple                    # sorted node ids. Invariant: non-empty, distinct
+    preferred_leader: int            # Invariant: in voters
+    learners: tuple = ()             # sorted node ids. Invariant: disjoint from voters
+    conf_version: int = 0            # Invariant: >= 0
+
+    @property
+    def replicas(self) -> tuple:
+        return tuple(sorted(self.voters + self.learners))
+
+
+def _ranges_of(owners: bytes, group_id: int) -> list:
+    out = []
+    start = None
+    for s in range(SLOT_COUNT):
+        mine = owners[2 * s] | (owners[2 * s + 1] << 8) == group_id
+        if mine and start is None:
+            start = s
+        elif not mine and start is not None:
+            out.append((start, s - 1))
+            start = None
+    if start is not None:
+        out.append((start, SLOT_COUNT - 1))
+    return out
+
+
+def format_ranges(ranges: Iterable) -> str:
+    """[(0, 5460), (7, 7)] -> "0-5460,7" (the CLI's and the status JSON's form)."""
+    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in ranges)
+
+
+def parse_ranges(text: str) -> list:
+    """"100-199,300" -> [(100, 199), (300, 300)]; SlotMapError on anything else."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        a, sep, b = part.partition("-")
+        try:
+            first = int(a)
+            last = int(b) if sep else first
+        except ValueError:
+            raise SlotMapError("invalid slot range %r" % part) from None
+        if not 0 <= first <= last < SLOT_COUNT:
+            raise SlotMapError("slot range %r outside 0-%d" % (part, SLOT_COUNT - 1))
+        out.append((first, last))
+    return out
+
+
+@dataclass(frozen=True)
+class SlotMap:
+    epoch: int
+    owners: bytes
+    groups: Mapping = field(default_factory=dict)
+    nodes: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
+        self.validate()
+
+    # -- queries ---------------------------------------------------------------------
+    def owner(self, slot: int) -> int:
+        """The group that owns `slot`."""
+        o = self.owners
+        return o[2 * slot] | (o[2 * slot + 1] << 8)
+
+    def ranges(self, group_id: int) -> list:
+        """The inclusive (first, last) runs of slots `group_id` owns, ascending."""
+        return _ranges_of(self.owners, group_id)
+
+    def slot_counts(self) -> dict:
+        counts = {g: 0 for g in self.groups}
+        for s in range(SLOT_COUNT):
+            counts[self.owner(s)] += 1
+        return counts
+
+    def groups_of_node(self, node_id: int) -> list:
+        """Group ids that have `node_id` as a voter or learner, ascending."""
+        return sorted(g for g, spec in self.groups.items()
+                      if node_id in spec.voters or node_id in spec.learners)
+
+    # -- changes (each returns a new map, epoch + 1) ------------------------------------
+    def with_owner(self, slots: Iterable, group_id: int) -> "SlotMap":
+        if group_id not in self.groups:
+            raise SlotMapError("no group %d" % group_id)
+        owners = bytearray(self.owners)
+        lo, hi = group_id & 0xFF, group_id >> 8
+        for s in slots:
+            if not 0 <= s < SLOT_COUNT:
+                raise SlotMapError("slot %r outside 0-%d" % (s, SLOT_COUNT - 1))
+            owners[2 * s], owners[2 * s + 1] = lo, hi
+        return SlotMap(self.epoch + 1, bytes(owners), self.groups, self.nodes)
+
+    def with_group(self, spec: GroupSpec) -> "SlotMap":
+        groups = dict(self.groups)
+        groups[spec.group_id] = spec
+        return SlotMap(self.epoch + 1, self.owners, groups, self.nodes)
+
+    def with_node(self, spec: NodeSpec) -> "SlotMap":
+        nodes = dict(self.nodes)
+        nodes[spec.node_id] = spec
+        return SlotMap(self.epoch + 1, self.owners, self.groups, nodes)
+
+    # -- invariants --------------------------------------------------------------------
+    def validate(self) -> None:
+        """SlotMapError unless every invariant of the module doc holds."""
+        if not isinstance(self.epoch, int) or self.epoch < 1:
+            raise SlotMapError("epoch must be >= 1, got %r" % (self.epoch,))
+        if not isinstance(self.owners, bytes) or len(self.owners) != 2 * SLOT_COUNT:
+            raise SlotMapError("owners must be %d bytes" % (2 * SLOT_COUNT))
+        if not self.groups or len(self.groups) > MAX_GROUPS:
+            raise SlotMapError("a map has 1 to %d groups, got %d" % (MAX_GROUPS, len(self.groups)))
+        if len(self.nodes) > MAX_NODES:
+            raise SlotMapError("a map has at most %d nodes" % MAX_NODES)
+        for nid, n in self.nodes.items():
+            if not isinstance(n, NodeSpec) or n.node_id != nid or nid < 1:
+                raise SlotMapError("node entry %r is not a valid NodeSpec" % (nid,))
+        for gid, g in self.groups.items():
+            if not isinstance(g, GroupSpec) or g.group_id != gid or not 1 <= gid <= MAX_GROUP_ID:
+                raise SlotMapError("group entry %r is not a valid GroupSpec" % (gid,))
+            if not g.voters or list(g.voters) != sorted(set(g.voters)):
+                raise SlotMapError("group %d: voters must be non-empty, sorted and distinct" % gid)
+            if list(g.learners) != sorted(set(g.learners)) or set(g.learners) & set(g.voters):
+                raise SlotMapError("group %d: learners must be sorted, distinct, not voters" % gid)
+            if g.preferred_leader not in g.voters:
+                raise SlotMapError("group %d: preferred leader %d is not a voter" % (gid, g.preferred_leader))
+            if g.conf_version < 0:
+                raise SlotMapError("group %d: conf_version < 0" % gid)
+            missing = [r for r in g.voters + g.learners if r not in self.nodes]
+            if missing:
+                raise SlotMapError("group %d names unknown nodes %s" % (gid, missing))
+        owned = {self.owner(s) for s in range(SLOT_COUNT)}
+        strays = owned - set(self.groups)
+        if strays:
+            raise SlotMapError("slots owned by unknown groups %s" % sorted(strays))
+
+    # -- encoding ----------------------------------------------------------------------
+    def to_json_obj(self) -> dict:
+        runs = []
+        start = 0
+        for s in range(1, SLOT_COUNT + 1):
+            if s == SLOT_COUNT or self.owner(s) != self.owner(start):
+                runs.append([start, s - 1, self.owner(start)])
+                start = s
+        return {
+            "epoch": self.epoch,
+            "slots": runs,
+            "groups": [{"id": g.group_id, "voters": list(g.voters), "learners": list(g.learners),
+                        "preferred_leader": g.preferred_leader, "conf_version": g.conf_version}
+                       for g in sorted(self.groups.values(), key=lambda g: g.group_id)],
+            "nodes": [{"id": n.node_id, "grpc": n.grpc, "resp": n.resp, "state": n.state.value}
+                      for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
+        }
+
+    def encode(self) -> bytes:
+        return json.dumps(self.to_json_obj(), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "SlotMap":
+        """The map `encode` wrote; SlotMapError for anything else (never a partial map)."""
+        if len(data) > MAX_ENCODED_BYTES:
+            raise SlotMapError("encoded slot map over %d bytes" % MAX_ENCODED_BYTES)
+        try:
+            obj = json.loads(data)
+            nodes = {}
+            for n in obj["nodes"]:
+                spec = NodeSpec(_int(n["id"]), _str(n["grpc"]), _str(n["resp"]), NodeState(n["state"]))
+                if spec.node_id in nodes:
+                    raise SlotMapError("node %d twice" % spec.node_id)
+                nodes[spec.node_id] = spec
+            groups = {}
+            for g in obj["groups"]:
+                spec = GroupSpec(_int(g["id"]), tuple(_int(v) for v in g["voters"]), _int(g["preferred_leader"]),
+                                 tuple(_int(v) for v in g["learners"]), _int(g["conf_version"]))
+                if spec.group_id in groups:
+                    raise SlotMapError("group %d twice" % spec.group_id)
+                groups[spec.group_id] = spec
+            owners = bytearray(2 * SLOT_COUNT)
+            expect = 0
+            for first, last, gid in obj["slots"]:
+                first, last, gid = _int(first), _int(last), _int(gid)
+                if first != expect or last < first or last >= SLOT_COUNT or not 0 <= gid <= MAX_GROUP_ID:
+                    raise SlotMapError("slot runs must cover 0-%d in order" % (SLOT_COUNT - 1))
+                for s in range(first, last + 1):
+                    owners[2 * s], owners[2 * s + 1] = gid & 0xFF, gid >> 8
+                expect = last + 1
+            if expect != SLOT_COUNT:
+                raise SlotMapError("slot runs end at %d, not %d" % (expect - 1, SLOT_COUNT - 1))
+            return cls(_int(obj["epoch"]), bytes(owners), groups, nodes)
+        except SlotMapError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SlotMapError("invalid encoded slot map: %r" % (exc,)) from None
+
+
+def _int(v) -> int:
+    if type(v) is not int:
+        raise SlotMapError("expected an integer, got %r" % (v,))
+    return v
+
+
+def _str(v) -> str:
+    if type(v) is not str:
+        raise SlotMapError("expected a string, got %r" % (v,))
+    return v
+
+
+def owners_from_ranges(assignments: Sequence) -> bytes:
+    """owners bytes from [(first, last, group_id), ...]; slots not named stay group 0
+    (which validate() refuses, so every slot must be named)."""
+    owners = bytearray(2 * SLOT_COUNT)
+    for first, last, gid in assignments:
+        invariant(0 <= first <= last < SLOT_COUNT and 1 <= gid <= MAX_GROUP_ID, "valid slot run")
+        for s in range(first, last + 1):
+            owners[2 * s], owners[2 * s + 1] = gid & 0xFF, gid >> 8
+    return bytes(owners)
+
+
+def find_group(slot_map: SlotMap, slot: int) -> Optional[GroupSpec]:
+    return slot_map.groups.get(slot_map.owner(slot))
