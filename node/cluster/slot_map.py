@@ -111,7 +111,7 @@ class Migration:
     started_epoch: int       # the epoch of the map that first held this migration
     cursor: bytes = b""      # where the copy resumes (opaque; written by the copier)
     replicated: int = 0      # chunks the target has replicated; only grows
-    digest: bytes = b""      # Invariant: DIGEST_BYTES long from VERIFIED on, else b""
+    digest: bytes = b""      # Invariant: DIGEST_BYTES long from VERIFIED on, b"" before (either if ABORTED)
     reason: str = ""         # Invariant: "" unless ABORTED
 
     @property
@@ -141,7 +141,9 @@ class Migration:
         if self.phase is MovePhase.SEALING and (self.cursor or self.replicated):
             return "a sealing move has copied nothing"
         verified = self.phase in (MovePhase.VERIFIED, MovePhase.DECIDED, MovePhase.RELEASED)
-        if not isinstance(self.digest, bytes) or len(self.digest) not in ((DIGEST_BYTES,) if verified else (0,)):
+        # An abort keeps what it knew: a digest if it came from VERIFIED, none before.
+        lengths = (DIGEST_BYTES,) if verified else (0, DIGEST_BYTES) if self.phase is MovePhase.ABORTED else (0,)
+        if not isinstance(self.digest, bytes) or len(self.digest) not in lengths:
             return "digest must be %d bytes from VERIFIED on and empty before" % DIGEST_BYTES
         aborted = self.phase is MovePhase.ABORTED
         if not isinstance(self.reason, str) or len(self.reason) > MAX_REASON_CHARS or bool(self.reason) != aborted:
