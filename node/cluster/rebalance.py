@@ -302,7 +302,8 @@ def plan_add_node(slot_map: SlotMap, node: NodeSpec) -> list:
         plan.add(PromoteLearner, group_id=gid, node_id=nid)
         g = plan.map.groups[gid]
         if g.preferred_leader == donor:
-            heir = _fewest(plan.map, leader_counts(plan.map), [n for n in g.voters if n != donor])
+            loads = leader_counts(plan.map)
+            heir = _fewest(plan.map, loads, [n for n in g.voters if n != donor and n in loads])
             plan.add(SetPreferredLeader, group_id=gid, node_id=heir)
         plan.add(RemoveReplica, group_id=gid, node_id=donor)
     _even_leaders(plan)

@@ -34,6 +34,7 @@ every invariant above before returning, because the bytes come from disk or a pe
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import struct
 from dataclasses import dataclass, field
@@ -218,6 +219,12 @@ class SlotMap:
         object.__setattr__(self, "migrations", MappingProxyType(dict(self.migrations)))
         self.validate()
 
+    def __repr__(self) -> str:
+        # The owners bytes are 32 KiB: show them as runs, the way encode() does.
+        obj = self.to_json_obj()
+        return "SlotMap(epoch=%d, slots=%s, groups=%r, nodes=%r, migrations=%r)" % (
+            self.epoch, obj["slots"], dict(self.groups), dict(self.nodes), dict(self.migrations))
+
     # -- queries ---------------------------------------------------------------------
     def owner(self, slot: int) -> int:
         """The group that owns `slot`."""
@@ -332,10 +339,10 @@ class SlotMap:
     def to_json_obj(self) -> dict:
         runs = []
         start = 0
-        for s in range(1, SLOT_COUNT + 1):
-            if s == SLOT_COUNT or self.owner(s) != self.owner(start):
-                runs.append([start, s - 1, self.owner(start)])
-                start = s
+        for gid, run in itertools.groupby(self.owner_ids()):
+            length = sum(1 for _ in run)
+            runs.append([start, start + length - 1, gid])
+            start += length
         return {
             "epoch": self.epoch,
             "slots": runs,
@@ -369,15 +376,15 @@ class SlotMap:
                 if spec.group_id in groups:
                     raise SlotMapError("group %d twice" % spec.group_id)
                 groups[spec.group_id] = spec
-            owners = bytearray(2 * SLOT_COUNT)
+            owner_runs = []
             expect = 0
             for first, last, gid in obj["slots"]:
                 first, last, gid = _int(first), _int(last), _int(gid)
                 if first != expect or last < first or last >= SLOT_COUNT or not 0 <= gid <= MAX_GROUP_ID:
                     raise SlotMapError("slot runs must cover 0-%d in order" % (SLOT_COUNT - 1))
-                for s in range(first, last + 1):
-                    owners[2 * s], owners[2 * s + 1] = gid & 0xFF, gid >> 8
+                owner_runs.append(gid.to_bytes(2, "little") * (last - first + 1))
                 expect = last + 1
+            owners = b"".join(owner_runs)
             if expect != SLOT_COUNT:
                 raise SlotMapError("slot runs end at %d, not %d" % (expect - 1, SLOT_COUNT - 1))
             migrations = {}

@@ -269,8 +269,7 @@ def test_random_events_with_duplicates_and_crashes_keep_one_server(data):
         assert final == ({mv["source"]} if mv["aborted"] else {mv["target"]})
         assert mv["flips"] == (0 if mv["aborted"] else 1)
         event("a move ended %s" % ("aborted" if mv["aborted"] else "moved"))
-    served = [who_serves(m, s) for s in range(SLOT_COUNT)]
-    assert all(not frozen and g == m.owner(s) for s, (g, frozen) in enumerate(served))
+    assert not m.migrations
 
 
 def _check_serving(m: SlotMap, moves: dict, before: SlotMap) -> None:
