@@ -217,6 +217,12 @@ def _apply_set_state(m: SlotMap, c: SetNodeState) -> SlotMap:
     return m.with_node(replace(node, state=c.state))
 
 
+def _with_members(m: SlotMap, g: GroupSpec, voters: tuple, learners: tuple) -> SlotMap:
+    """A membership change of group g: a new conf_version, so the data group can order it."""
+    return m.with_group(replace(g, voters=tuple(sorted(voters)), learners=tuple(sorted(learners)),
+                                conf_version=g.conf_version + 1))
+
+
 def _apply_add_learner(m: SlotMap, c: AddLearner) -> SlotMap:
     g = _group(m, c.group_id)
     _up_node(m, c.node_id)
@@ -224,8 +230,7 @@ def _apply_add_learner(m: SlotMap, c: AddLearner) -> SlotMap:
         raise SlotMapError("node %d already replicates group %d" % (c.node_id, c.group_id))
     if len(g.replicas) >= MAX_REPLICAS:
         raise SlotMapError("group %d has %d replicas already" % (c.group_id, MAX_REPLICAS))
-    return m.with_group(replace(g, learners=tuple(sorted(g.learners + (c.node_id,))),
-                                conf_version=g.conf_version + 1))
+    return _with_members(m, g, g.voters, g.learners + (c.node_id,))
 
 
 def _apply_promote(m: SlotMap, c: PromoteLearner) -> SlotMap:
@@ -233,9 +238,7 @@ def _apply_promote(m: SlotMap, c: PromoteLearner) -> SlotMap:
     _up_node(m, c.node_id)
     if c.node_id not in g.learners:
         raise SlotMapError("node %d is not a learner of group %d" % (c.node_id, c.group_id))
-    return m.with_group(replace(g, voters=tuple(sorted(g.voters + (c.node_id,))),
-                                learners=tuple(n for n in g.learners if n != c.node_id),
-                                conf_version=g.conf_version + 1))
+    return _with_members(m, g, g.voters + (c.node_id,), tuple(n for n in g.learners if n != c.node_id))
 
 
 def _apply_remove_replica(m: SlotMap, c: RemoveReplica) -> SlotMap:
@@ -244,9 +247,8 @@ def _apply_remove_replica(m: SlotMap, c: RemoveReplica) -> SlotMap:
         raise SlotMapError("node %r does not replicate group %d" % (c.node_id, c.group_id))
     if c.node_id == g.preferred_leader:
         raise SlotMapError("node %d is group %d's preferred leader: move that first" % (c.node_id, c.group_id))
-    return m.with_group(replace(g, voters=tuple(n for n in g.voters if n != c.node_id),
-                                learners=tuple(n for n in g.learners if n != c.node_id),
-                                conf_version=g.conf_version + 1))
+    return _with_members(m, g, tuple(n for n in g.voters if n != c.node_id),
+                         tuple(n for n in g.learners if n != c.node_id))
 
 
 def _apply_preferred(m: SlotMap, c: SetPreferredLeader) -> SlotMap:
