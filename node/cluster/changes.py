@@ -299,8 +299,7 @@ def already_applied(slot_map: SlotMap, change) -> bool:
     later move of the same slots can make that answer wrong; resume promptly)."""
     m, c = slot_map, change
     if type(c) is AssignSlots:
-        owner_ids = m.owner_ids()
-        return all(owner_ids[s] == c.group_id for s in range(c.first, c.last + 1))
+        return _owned_by(m, c.first, c.last, c.group_id)
     if type(c) is AddNode:
         return m.nodes.get(c.node.node_id) is not None and _same_address(m.nodes[c.node.node_id], c.node)
     if type(c) is SetNodeState:
@@ -336,6 +335,8 @@ def _same_address(a: NodeSpec, b: NodeSpec) -> bool:
 
 
 def _owned_by(m: SlotMap, first: int, last: int, group_id: int) -> bool:
+    if not 0 <= first <= last < SLOT_COUNT:
+        return False
     owner_ids = m.owner_ids()
     return all(owner_ids[s] == group_id for s in range(first, last + 1))
 

@@ -2,7 +2,7 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from xraft.node.cluster.changes import (AddLearner, AddNode, AdvanceMove, AssignSlots, BeginMove, PromoteLearner,
                                         RemoveReplica, SetNodeState, SetPreferredLeader, StaleEpoch, already_applied,
@@ -12,7 +12,7 @@ from xraft.node.cluster.slot_map import NodeSpec, NodeState, SlotMap, SlotMapErr
 from xraft.node.cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Released, Sealed, Verified
 from xraft.node.engine.slots import SLOT_COUNT
 
-from .maps import digest, nodes
+from .maps import digest, next_event, nodes
 
 
 def three():
@@ -205,7 +205,7 @@ def test_decode_change_refuses_garbage():
 def _candidate(draw, m: SlotMap):
     gids = sorted(m.groups)
     nids = sorted(m.nodes) + [max(m.nodes) + 1]
-    kind = draw(st.integers(0, 8))
+    kind = draw(st.integers(0, 10))      # 8, 9, 10: a step of a move in progress
     g = draw(st.sampled_from(gids))
     n = draw(st.sampled_from(nids))
     if kind == 0:
@@ -218,7 +218,8 @@ def _candidate(draw, m: SlotMap):
     if kind == 3:
         return AddLearner(m.epoch, g, n)
     if kind == 4:
-        return PromoteLearner(m.epoch, g, n)
+        learners = m.groups[g].learners
+        return PromoteLearner(m.epoch, g, draw(st.sampled_from(learners)) if learners else n)
     if kind == 5:
         return RemoveReplica(m.epoch, g, n)
     if kind == 6:
@@ -229,8 +230,8 @@ def _candidate(draw, m: SlotMap):
     if not m.migrations:
         return Finish()    # not a change: refused
     mig = m.migrations[draw(st.sampled_from(sorted(m.migrations)))]
-    event = draw(st.sampled_from([Sealed(), Copied(b"c", mig.replicated + 1), Verified(digest()), Decide(),
-                                  Released(), Finish(), Abort("operator")]))
+    event = draw(st.sampled_from([next_event(mig.phase, mig.replicated), Sealed(), Copied(b"c", mig.replicated + 1),
+                                  Verified(digest()), Decide(), Released(), Finish(), Abort("operator")]))
     return AdvanceMove(m.epoch, mig.first, mig.last, mig.started_epoch, mig.target, event)
 
 
@@ -244,7 +245,9 @@ def test_random_changes_keep_every_invariant(data):
         try:
             new = apply_change(m, change)
         except SlotMapError:
+            event("refused")
             continue
+        event("applied " + change.kind)
         assert new.epoch == m.epoch + 1 and new != m
         assert SlotMap.decode(new.encode()) == new
         assert already_applied(new, change), change
