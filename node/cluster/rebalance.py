@@ -35,7 +35,7 @@ from typing import Optional
 from ..engine.slots import SLOT_COUNT
 from .changes import (AddLearner, AddNode, BeginMove, PromoteLearner, RemoveReplica, SetNodeState,
                       SetPreferredLeader, apply_change)
-from .slot_map import MovePhase, NodeSpec, NodeState, SlotMap, SlotMapError
+from .slot_map import MAX_MIGRATIONS, MovePhase, NodeSpec, NodeState, SlotMap, SlotMapError
 
 
 class PlanError(SlotMapError):
@@ -136,6 +136,8 @@ def _even_slots(plan: _Plan) -> None:
     for s in sorted(target) + [None]:
         if run_start is not None and (s is None or s != prev + 1 or target[s] != target[run_start]
                                       or owners[s] != owners[run_start]):
+            if len(plan.map.migrations) >= MAX_MIGRATIONS:
+                return      # the map holds no more moves at once; planning again after some finish goes on
             plan.add(BeginMove, first=run_start, last=prev, target=target[run_start])
             run_start = None
         if s is not None and run_start is None:

@@ -410,7 +410,11 @@ def node_from_json_obj(obj) -> NodeSpec:
 
 
 def _hex(v) -> bytes:
-    return bytes.fromhex(_str(v))
+    """Lower-case hex with nothing between the bytes (what bytes.hex() writes, one form only)."""
+    data = bytes.fromhex(_str(v))
+    if data.hex() != v:
+        raise SlotMapError("expected lower-case hex, got %r" % (v[:80],))
+    return data
 
 
 def _int(v) -> int:

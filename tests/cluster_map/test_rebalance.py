@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from xraft.node.cluster.changes import (AddLearner, BeginMove, PromoteLearner, SetNodeState, SetPreferredLeader,
                                         apply_change)
+from xraft.node.cluster import rebalance
 from xraft.node.cluster.placement import even_slot_runs, initial_layout
 from xraft.node.cluster.rebalance import (PlanError, effective_owners, leader_counts, plan_add_node, plan_drain,
                                           plan_rebalance, plan_remove_node, replica_counts, slot_quotas)
@@ -207,3 +208,17 @@ def test_add_node_evens_replicas(m):
     for gid, g in after.groups.items():
         assert len(g.replicas) == len(m.groups[gid].replicas)   # the replication factor is kept
     assert plan_add_node(after, new) == []
+
+
+def test_a_fragmented_map_plans_at_most_the_moves_a_map_can_hold(monkeypatch):
+    monkeypatch.setattr(rebalance, "MAX_MIGRATIONS", 4)    # the map's real limit is 256
+    m = initial_layout(nodes(3), 2)                         # 0-8191 group 1, 8192-16383 group 2
+    m = m.with_owner(range(SLOT_COUNT - 1, SLOT_COUNT - 21, -2), 1)   # 10 single slots among group 2's
+    plan = plan_rebalance(m)                   # group 1 gives back its 10 highest: 10 runs of one slot
+    assert [c.last - c.first for c in plan] == [0, 0, 0, 0] and all(isinstance(c, BeginMove) for c in plan)
+    rounds = 1
+    while plan:
+        m = finish_moves(apply_all(m, plan))
+        plan = plan_rebalance(m)
+        rounds += bool(plan)
+    assert rounds == 3 and set(m.slot_counts().values()) == {8192}

@@ -166,6 +166,8 @@ def test_map_with_migrations_round_trips():
     lambda ms: ms[0].update(phase="verified"),                           # no digest
     lambda ms: ms[0].update(digest="00" * 31),
     lambda ms: ms[0].update(cursor="0"),
+    lambda ms: ms[0].update(cursor="00 01"),
+    lambda ms: ms[0].update(cursor="AB"),
     lambda ms: ms[0].update(cursor="00" * 1025),
     lambda ms: ms[0].update(replicated=-1),
     lambda ms: ms[0].update(reason="why"),                              # a reason without an abort
