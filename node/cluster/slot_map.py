@@ -10,6 +10,9 @@ a stale routing table from a fresh one.
                             slot names a group in `groups` (all slots always covered)
       groups   {gid: GroupSpec}   Invariant: gid >= 1 (0 is the metadata group's)
       nodes    {nid: NodeSpec}    Invariant: every voter and learner is a node here
+      migrations {(first, last): Migration}  slot moves in progress (slot_move.py).
+                            Invariant: a slot is in at most one migration; its source
+                            group owns it until the decision, its target group after
 
     GroupSpec  voters (sorted node ids, non-empty), learners (sorted, disjoint from
                voters), preferred_leader (a voter: where placement wants its leader),
@@ -17,14 +20,23 @@ a stale routing table from a fresh one.
     NodeSpec   node_id, grpc "host:port", resp "host:port" ("" until known),
                state UP | DRAINING | REMOVED
 
+    Migration  first..last (the slots moving), source and target group, phase
+               (SEALING COPYING VERIFIED DECIDED RELEASED ABORTED), cursor and
+               replicated (copy progress), digest (the verified manifest), reason
+               (why it was aborted), started_epoch (the map epoch that began it:
+               with the range, the move's identity)
+
 Encoding (`encode`/`decode`): canonical JSON (sorted keys, no spaces), slots as
-[first, last, group] runs. decode() validates every field and every invariant
-above before returning, because the bytes come from disk or a peer.
+[first, last, group] runs; "migrations" only when there are some, so a map without
+moves encodes as it did before moves existed. decode() validates every field and
+every invariant above before returning, because the bytes come from disk or a peer.
 """
 from __future__ import annotations
 
 import enum
+import itertools
 import json
+import struct
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Iterable, Mapping, Optional, Sequence
@@ -36,6 +48,11 @@ MAX_GROUPS = 4096            # a limit on everything: groups in one map
 MAX_NODES = 1024             # nodes in one map
 MAX_ENCODED_BYTES = 4 << 20  # what decode() accepts
 MAX_GROUP_ID = 0xFFFF        # owners hold uint16 group ids
+MAX_MIGRATIONS = 256         # slot moves in progress at once
+MAX_CURSOR_BYTES = 1024      # a move's copy cursor (opaque to the map)
+DIGEST_BYTES = 32            # a verified manifest's digest (sha256)
+MAX_REASON_CHARS = 200       # why a move was aborted
+_OWNERS_FORMAT = "<%dH" % SLOT_COUNT
 
 
 class SlotMapError(ValueError):
@@ -67,6 +84,88 @@ class GroupSpec:
     @property
     def replicas(self) -> tuple:
         return tuple(sorted(self.voters + self.learners))
+
+
+class MovePhase(enum.Enum):
+    """Where a slot move stands; the transitions are in slot_move.py."""
+    SEALING = "sealing"      # the source is asked to stop reads and writes to the slots
+    COPYING = "copying"      # the source is sealed; the target pulls chunks into staging
+    VERIFIED = "verified"    # the target checked its staging against the manifest digest
+    DECIDED = "decided"      # the point of no return: the target owns the slots
+    RELEASED = "released"    # the source let go (parked clients -MOVED, keys deleted)
+    ABORTED = "aborted"      # given up before the decision: the source unseals
+
+
+# Phases in which the source still owns the slots (the target owns them in the others,
+# except ABORTED, where the source owns them again for good).
+BEFORE_DECISION = frozenset({MovePhase.SEALING, MovePhase.COPYING, MovePhase.VERIFIED})
+AFTER_DECISION = frozenset({MovePhase.DECIDED, MovePhase.RELEASED})
+
+
+@dataclass(frozen=True)
+class Migration:
+    first: int               # Invariant: 0 <= first <= last < SLOT_COUNT
+    last: int
+    source: int              # the group that owned the slots when the move began
+    target: int              # Invariant: != source
+    phase: MovePhase
+    started_epoch: int       # the epoch of the map that first held this migration
+    cursor: bytes = b""      # where the copy resumes (opaque; written by the copier)
+    replicated: int = 0      # chunks the target has replicated; only grows
+    digest: bytes = b""      # Invariant: DIGEST_BYTES long from VERIFIED on, b"" before (either if ABORTED)
+    reason: str = ""         # Invariant: "" unless ABORTED
+
+    @property
+    def key(self) -> tuple:
+        return (self.first, self.last)
+
+    @property
+    def owner(self) -> int:
+        """The group the map names as the slots' owner in this phase."""
+        return self.target if self.phase in AFTER_DECISION else self.source
+
+    def problem(self) -> Optional[str]:
+        """None if the fields are consistent with each other, else what is wrong."""
+        if not (type(self.first) is int and type(self.last) is int and 0 <= self.first <= self.last < SLOT_COUNT):
+            return "slots %r-%r outside 0-%d" % (self.first, self.last, SLOT_COUNT - 1)
+        if not isinstance(self.phase, MovePhase):
+            return "phase %r" % (self.phase,)
+        for name in ("source", "target", "started_epoch", "replicated"):
+            if type(getattr(self, name)) is not int:
+                return "%s must be an integer" % name
+        if self.source == self.target:
+            return "source and target are both group %d" % self.source
+        if self.started_epoch < 1 or self.replicated < 0:
+            return "started_epoch must be >= 1 and replicated >= 0"
+        if not isinstance(self.cursor, bytes) or len(self.cursor) > MAX_CURSOR_BYTES:
+            return "cursor must be bytes of at most %d" % MAX_CURSOR_BYTES
+        if self.phase is MovePhase.SEALING and (self.cursor or self.replicated):
+            return "a sealing move has copied nothing"
+        verified = self.phase in (MovePhase.VERIFIED, MovePhase.DECIDED, MovePhase.RELEASED)
+        # An abort keeps what it knew: a digest if it came from VERIFIED, none before.
+        lengths = (DIGEST_BYTES,) if verified else (0, DIGEST_BYTES) if self.phase is MovePhase.ABORTED else (0,)
+        if not isinstance(self.digest, bytes) or len(self.digest) not in lengths:
+            return "digest must be %d bytes from VERIFIED on and empty before" % DIGEST_BYTES
+        aborted = self.phase is MovePhase.ABORTED
+        if not isinstance(self.reason, str) or len(self.reason) > MAX_REASON_CHARS or bool(self.reason) != aborted:
+            return "reason must be 1-%d characters when ABORTED and empty otherwise" % MAX_REASON_CHARS
+        return None
+
+    def to_json_obj(self) -> dict:
+        return {"first": self.first, "last": self.last, "source": self.source, "target": self.target,
+                "phase": self.phase.value, "started_epoch": self.started_epoch, "cursor": self.cursor.hex(),
+                "replicated": self.replicated, "digest": self.digest.hex(), "reason": self.reason}
+
+    @classmethod
+    def from_json_obj(cls, obj) -> "Migration":
+        """SlotMapError (or KeyError/ValueError/TypeError, which decode turns into one)."""
+        m = cls(_int(obj["first"]), _int(obj["last"]), _int(obj["source"]), _int(obj["target"]),
+                MovePhase(obj["phase"]), _int(obj["started_epoch"]), _hex(obj["cursor"]),
+                _int(obj["replicated"]), _hex(obj["digest"]), _str(obj["reason"]))
+        problem = m.problem()
+        if problem:
+            raise SlotMapError("migration %r: %s" % (obj, problem))
+        return m
 
 
 def _ranges_of(owners: bytes, group_id: int) -> list:
@@ -112,11 +211,19 @@ class SlotMap:
     owners: bytes
     groups: Mapping = field(default_factory=dict)
     nodes: Mapping = field(default_factory=dict)
+    migrations: Mapping = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
         object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
+        object.__setattr__(self, "migrations", MappingProxyType(dict(self.migrations)))
         self.validate()
+
+    def __repr__(self) -> str:
+        # The owners bytes are 32 KiB: show them as runs, the way encode() does.
+        obj = self.to_json_obj()
+        return "SlotMap(epoch=%d, slots=%s, groups=%r, nodes=%r, migrations=%r)" % (
+            self.epoch, obj["slots"], dict(self.groups), dict(self.nodes), dict(self.migrations))
 
     # -- queries ---------------------------------------------------------------------
     def owner(self, slot: int) -> int:
@@ -128,11 +235,22 @@ class SlotMap:
         """The inclusive (first, last) runs of slots `group_id` owns, ascending."""
         return _ranges_of(self.owners, group_id)
 
+    def owner_ids(self) -> tuple:
+        """The owner of every slot, indexed by slot (one unpack, for whole-map scans)."""
+        return struct.unpack(_OWNERS_FORMAT, self.owners)
+
     def slot_counts(self) -> dict:
         counts = {g: 0 for g in self.groups}
-        for s in range(SLOT_COUNT):
-            counts[self.owner(s)] += 1
+        for gid in self.owner_ids():
+            counts[gid] += 1
         return counts
+
+    def migration_of(self, slot: int) -> Optional["Migration"]:
+        """The move in progress that holds `slot`, if any."""
+        for m in self.migrations.values():
+            if m.first <= slot <= m.last:
+                return m
+        return None
 
     def groups_of_node(self, node_id: int) -> list:
         """Group ids that have `node_id` as a voter or learner, ascending."""
@@ -149,17 +267,17 @@ class SlotMap:
             if not 0 <= s < SLOT_COUNT:
                 raise SlotMapError("slot %r outside 0-%d" % (s, SLOT_COUNT - 1))
             owners[2 * s], owners[2 * s + 1] = lo, hi
-        return SlotMap(self.epoch + 1, bytes(owners), self.groups, self.nodes)
+        return SlotMap(self.epoch + 1, bytes(owners), self.groups, self.nodes, self.migrations)
 
     def with_group(self, spec: GroupSpec) -> "SlotMap":
         groups = dict(self.groups)
         groups[spec.group_id] = spec
-        return SlotMap(self.epoch + 1, self.owners, groups, self.nodes)
+        return SlotMap(self.epoch + 1, self.owners, groups, self.nodes, self.migrations)
 
     def with_node(self, spec: NodeSpec) -> "SlotMap":
         nodes = dict(self.nodes)
         nodes[spec.node_id] = spec
-        return SlotMap(self.epoch + 1, self.owners, self.groups, nodes)
+        return SlotMap(self.epoch + 1, self.owners, self.groups, nodes, self.migrations)
 
     # -- invariants --------------------------------------------------------------------
     def validate(self) -> None:
@@ -189,28 +307,51 @@ class SlotMap:
             missing = [r for r in g.voters + g.learners if r not in self.nodes]
             if missing:
                 raise SlotMapError("group %d names unknown nodes %s" % (gid, missing))
-        owned = {self.owner(s) for s in range(SLOT_COUNT)}
-        strays = owned - set(self.groups)
+        owner_ids = self.owner_ids()
+        strays = set(owner_ids) - set(self.groups)
         if strays:
             raise SlotMapError("slots owned by unknown groups %s" % sorted(strays))
+        self._validate_migrations(owner_ids)
+
+    def _validate_migrations(self, owner_ids: tuple) -> None:
+        if len(self.migrations) > MAX_MIGRATIONS:
+            raise SlotMapError("a map has at most %d migrations" % MAX_MIGRATIONS)
+        previous_last = -1
+        for key in sorted(self.migrations):
+            m = self.migrations[key]
+            if not isinstance(m, Migration) or key != m.key:
+                raise SlotMapError("migration entry %r is not a Migration of those slots" % (key,))
+            problem = m.problem()
+            if problem:
+                raise SlotMapError("migration %d-%d: %s" % (m.first, m.last, problem))
+            if m.first <= previous_last:
+                raise SlotMapError("slot %d is in two migrations" % m.first)
+            previous_last = m.last
+            if m.source not in self.groups or m.target not in self.groups:
+                raise SlotMapError("migration %d-%d names unknown groups" % key)
+            if m.started_epoch > self.epoch:
+                raise SlotMapError("migration %d-%d started after epoch %d" % (m.first, m.last, self.epoch))
+            if any(owner_ids[s] != m.owner for s in range(m.first, m.last + 1)):
+                raise SlotMapError("migration %d-%d (%s): group %d must own every slot"
+                                   % (m.first, m.last, m.phase.value, m.owner))
 
     # -- encoding ----------------------------------------------------------------------
     def to_json_obj(self) -> dict:
         runs = []
         start = 0
-        for s in range(1, SLOT_COUNT + 1):
-            if s == SLOT_COUNT or self.owner(s) != self.owner(start):
-                runs.append([start, s - 1, self.owner(start)])
-                start = s
+        for gid, run in itertools.groupby(self.owner_ids()):
+            length = sum(1 for _ in run)
+            runs.append([start, start + length - 1, gid])
+            start += length
         return {
             "epoch": self.epoch,
             "slots": runs,
             "groups": [{"id": g.group_id, "voters": list(g.voters), "learners": list(g.learners),
                         "preferred_leader": g.preferred_leader, "conf_version": g.conf_version}
                        for g in sorted(self.groups.values(), key=lambda g: g.group_id)],
-            "nodes": [{"id": n.node_id, "grpc": n.grpc, "resp": n.resp, "state": n.state.value}
-                      for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
-        }
+            "nodes": [node_to_json_obj(n) for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
+        } | ({"migrations": [self.migrations[k].to_json_obj() for k in sorted(self.migrations)]}
+             if self.migrations else {})
 
     def encode(self) -> bytes:
         return json.dumps(self.to_json_obj(), sort_keys=True, separators=(",", ":")).encode()
@@ -224,7 +365,7 @@ class SlotMap:
             obj = json.loads(data)
             nodes = {}
             for n in obj["nodes"]:
-                spec = NodeSpec(_int(n["id"]), _str(n["grpc"]), _str(n["resp"]), NodeState(n["state"]))
+                spec = node_from_json_obj(n)
                 if spec.node_id in nodes:
                     raise SlotMapError("node %d twice" % spec.node_id)
                 nodes[spec.node_id] = spec
@@ -235,22 +376,45 @@ class SlotMap:
                 if spec.group_id in groups:
                     raise SlotMapError("group %d twice" % spec.group_id)
                 groups[spec.group_id] = spec
-            owners = bytearray(2 * SLOT_COUNT)
+            owner_runs = []
             expect = 0
             for first, last, gid in obj["slots"]:
                 first, last, gid = _int(first), _int(last), _int(gid)
                 if first != expect or last < first or last >= SLOT_COUNT or not 0 <= gid <= MAX_GROUP_ID:
                     raise SlotMapError("slot runs must cover 0-%d in order" % (SLOT_COUNT - 1))
-                for s in range(first, last + 1):
-                    owners[2 * s], owners[2 * s + 1] = gid & 0xFF, gid >> 8
+                owner_runs.append(gid.to_bytes(2, "little") * (last - first + 1))
                 expect = last + 1
+            owners = b"".join(owner_runs)
             if expect != SLOT_COUNT:
                 raise SlotMapError("slot runs end at %d, not %d" % (expect - 1, SLOT_COUNT - 1))
-            return cls(_int(obj["epoch"]), bytes(owners), groups, nodes)
+            migrations = {}
+            for m in obj.get("migrations", ()):
+                migration = Migration.from_json_obj(m)
+                if migration.key in migrations:
+                    raise SlotMapError("migration %d-%d twice" % migration.key)
+                migrations[migration.key] = migration
+            return cls(_int(obj["epoch"]), bytes(owners), groups, nodes, migrations)
         except SlotMapError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise SlotMapError("invalid encoded slot map: %r" % (exc,)) from None
+
+
+def node_to_json_obj(n: NodeSpec) -> dict:
+    return {"id": n.node_id, "grpc": n.grpc, "resp": n.resp, "state": n.state.value}
+
+
+def node_from_json_obj(obj) -> NodeSpec:
+    """The NodeSpec node_to_json_obj wrote (KeyError/ValueError/SlotMapError otherwise)."""
+    return NodeSpec(_int(obj["id"]), _str(obj["grpc"]), _str(obj["resp"]), NodeState(obj["state"]))
+
+
+def _hex(v) -> bytes:
+    """Lower-case hex with nothing between the bytes (what bytes.hex() writes, one form only)."""
+    data = bytes.fromhex(_str(v))
+    if data.hex() != v:
+        raise SlotMapError("expected lower-case hex, got %r" % (v[:80],))
+    return data
 
 
 def _int(v) -> int:
