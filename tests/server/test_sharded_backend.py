@@ -78,111 +78,105 @@ class Node:
         await self.mr.close()
 
 
-def test_routing_by_slot_and_crossslot(tmp_path, run):
+def run_on_node(tmp_path, run, body):
     async def main():
         n = await Node().start(tmp_path)
         try:
-            sb = n.sb
-            assert sorted(n.groups) == [1, 3]
-            k1, k3, k2 = key_in(1), key_in(3), key_in(2)
-            assert await sb.submit([cmd("RPUSH", k1, "a")]) == [1]
-            assert await sb.submit([cmd("RPUSH", k3, "a"), cmd("RPUSH", k3, "b")]) == [1, 2]
-            assert n.groups[1].sm.keyspace.exists(k1) and not n.groups[3].sm.keyspace.exists(k1)
-            assert n.groups[3].sm.keyspace.exists(k3)
-            assert await sb.read([b"LLEN", k3]) == 2
-            # A group this node does not host: its preferred leader, with the group and slot.
-            with pytest.raises(NotLeader) as ei:
-                await sb.submit([cmd("RPUSH", k2, "a")])
-            e = ei.value
-            assert (e.leader_address, e.grpc_address, e.leader_id, e.group_id, e.slot) == \
-                (ADDRESSES[2].resp, ADDRESSES[2].grpc, 2, 2, key_slot(k2))
-            assert sb.redirect_for(key_slot(k2)) == ADDRESSES[2].resp and sb.redirect_for(key_slot(k1)) is None
-            for reqs in ([resolve_transaction(0, 0, [[b"RPUSH", k1, b"x"], [b"RPUSH", k3, b"x"]])],
-                         [cmd("RPUSH", k1, "x"), cmd("RPUSH", k3, "x")]):
-                with pytest.raises(EngineError, match="^CROSSSLOT"):
-                    await sb.submit(reqs)
-            with pytest.raises(EngineError) as ei:
-                await sb.read([b"XREAD", b"STREAMS", k1, k3, b"0", b"0"])
-            assert ei.value.message == CROSSSLOT
-            assert await sb.read([b"LLEN", k1]) == 1           # nothing of the refused ones applied
+            await body(n)
         finally:
             await n.close()
     run(main())
+
+
+def test_routing_by_slot_and_crossslot(tmp_path, run):
+    async def main(n):
+        sb = n.sb
+        assert sorted(n.groups) == [1, 3]
+        k1, k3, k2 = key_in(1), key_in(3), key_in(2)
+        assert await sb.submit([cmd("RPUSH", k1, "a")]) == [1]
+        assert await sb.submit([cmd("RPUSH", k3, "a"), cmd("RPUSH", k3, "b")]) == [1, 2]
+        assert n.groups[1].sm.keyspace.exists(k1) and not n.groups[3].sm.keyspace.exists(k1)
+        assert n.groups[3].sm.keyspace.exists(k3)
+        assert await sb.read([b"LLEN", k3]) == 2
+        # A group this node does not host: its preferred leader, with the group and slot.
+        with pytest.raises(NotLeader) as ei:
+            await sb.submit([cmd("RPUSH", k2, "a")])
+        e = ei.value
+        assert (e.leader_address, e.grpc_address, e.leader_id, e.group_id, e.slot) == \
+            (ADDRESSES[2].resp, ADDRESSES[2].grpc, 2, 2, key_slot(k2))
+        assert sb.redirect_for(key_slot(k2)) == ADDRESSES[2].resp and sb.redirect_for(key_slot(k1)) is None
+        for reqs in ([resolve_transaction(0, 0, [[b"RPUSH", k1, b"x"], [b"RPUSH", k3, b"x"]])],
+                     [cmd("RPUSH", k1, "x"), cmd("RPUSH", k3, "x")]):
+            with pytest.raises(EngineError, match="^CROSSSLOT"):
+                await sb.submit(reqs)
+        with pytest.raises(EngineError) as ei:
+            await sb.read([b"XREAD", b"STREAMS", k1, k3, b"0", b"0"])
+        assert ei.value.message == CROSSSLOT
+        assert await sb.read([b"LLEN", k1]) == 1           # nothing of the refused ones applied
+    run_on_node(tmp_path, run, main)
 
 
 def test_keyless_commands_cover_the_groups_led_here(tmp_path, run):
-    async def main():
-        n = await Node().start(tmp_path)
-        try:
-            sb = n.sb
-            keys = {key_in(g, "a%d-" % i) for g in (1, 3) for i in range(5)}
-            for k in keys:
-                await sb.submit([cmd("SET", k, "v")])
-            assert await sb.read([b"DBSIZE"]) == len(keys) == 10
-            assert set(await sb.read([b"KEYS", b"*"])) == keys
-            seen, cursor, calls = [], b"0", 0
-            while True:
-                cursor, got = await sb.read([b"SCAN", cursor, b"COUNT", b"2"])
-                seen += got
-                calls += 1
-                if cursor == b"0":
-                    break
-                assert calls < 50
-            assert sorted(seen) == sorted(keys)              # every key once, over both groups
-            reply = await sb.submit([resolve_config_set(0, 0, [b"CONFIG", b"SET", b"stream-node-max-entries", b"7"])])
-            assert str(reply[0]) == "OK"
-            assert [b.sm.keyspace.config.stream_node_max_entries for b in n.groups.values()] == [7, 7]
-            assert str((await sb.submit([cmd("FLUSHALL")]))[0]) == "OK"
-            assert await sb.read([b"DBSIZE"]) == 0 and await sb.read([b"PING"]) is not None
-        finally:
-            await n.close()
-    run(main())
+    async def main(n):
+        sb = n.sb
+        keys = {key_in(g, "a%d-" % i) for g in (1, 3) for i in range(5)}
+        for k in keys:
+            await sb.submit([cmd("SET", k, "v")])
+        assert await sb.read([b"DBSIZE"]) == len(keys) == 10
+        assert set(await sb.read([b"KEYS", b"*"])) == keys
+        seen, cursor, calls = [], b"0", 0
+        while True:
+            cursor, got = await sb.read([b"SCAN", cursor, b"COUNT", b"2"])
+            seen += got
+            calls += 1
+            if cursor == b"0":
+                break
+            assert calls < 50
+        assert sorted(seen) == sorted(keys)              # every key once, over both groups
+        reply = await sb.submit([resolve_config_set(0, 0, [b"CONFIG", b"SET", b"stream-node-max-entries", b"7"])])
+        assert str(reply[0]) == "OK"
+        assert [b.sm.keyspace.config.stream_node_max_entries for b in n.groups.values()] == [7, 7]
+        assert str((await sb.submit([cmd("FLUSHALL")]))[0]) == "OK"
+        assert await sb.read([b"DBSIZE"]) == 0 and await sb.read([b"PING"]) is not None
+    run_on_node(tmp_path, run, main)
 
 
 def test_register_watch_index_and_shards_follow_the_groups(tmp_path, run):
-    async def main():
-        n = await Node().start(tmp_path)
-        try:
-            sb = n.sb
-            await sb.submit([Request.register(7, route_slot=RUNS[3][0])])
-            await sb.submit([Request.register(8)])                    # slot 0: group 1
-            assert 7 in n.groups[3].sm.sessions.clients and 7 not in n.groups[1].sm.sessions.clients
-            assert 8 in n.groups[1].sm.sessions.clients
-            with pytest.raises(NotLeader) as ei:
-                await sb.submit([Request.register(9, route_slot=RUNS[2][0])])
-            assert ei.value.group_id == 2
-            await sb.submit([cmd("SET", key_in(3), "v")])
-            assert sb.applied_index([key_in(3)]) == n.groups[3].sm.applied_index
-            assert sb.applied_index([key_in(1)]) == n.groups[1].sm.applied_index
-            shards = sb.shards()
-            assert [s.slot_ranges for s in shards] == [(RUNS[g],) for g in (1, 2, 3)]
-            assert [s.nodes[0].address for s in shards] == [ADDRESSES[1].resp, ADDRESSES[2].resp,
-                                                            ADDRESSES[1].resp]
-            assert [s.nodes[0].myself for s in shards] == [True, False, True]
-            info = sb.raft_info()
-            assert info["raft_groups_led"] == "1,3" and "slots=10923-16383" in info["raft_group3"]
-        finally:
-            await n.close()
-    run(main())
+    async def main(n):
+        sb = n.sb
+        await sb.submit([Request.register(7, route_slot=RUNS[3][0])])
+        await sb.submit([Request.register(8)])                    # slot 0: group 1
+        assert 7 in n.groups[3].sm.sessions.clients and 7 not in n.groups[1].sm.sessions.clients
+        assert 8 in n.groups[1].sm.sessions.clients
+        with pytest.raises(NotLeader) as ei:
+            await sb.submit([Request.register(9, route_slot=RUNS[2][0])])
+        assert ei.value.group_id == 2
+        await sb.submit([cmd("SET", key_in(3), "v")])
+        assert sb.applied_index([key_in(3)]) == n.groups[3].sm.applied_index
+        assert sb.applied_index([key_in(1)]) == n.groups[1].sm.applied_index
+        shards = sb.shards()
+        assert [s.slot_ranges for s in shards] == [(RUNS[g],) for g in (1, 2, 3)]
+        assert [s.nodes[0].address for s in shards] == [ADDRESSES[1].resp, ADDRESSES[2].resp,
+                                                        ADDRESSES[1].resp]
+        assert [s.nodes[0].myself for s in shards] == [True, False, True]
+        info = sb.raft_info()
+        assert info["raft_groups_led"] == "1,3" and "slots=10923-16383" in info["raft_group3"]
+    run_on_node(tmp_path, run, main)
 
 
 def test_a_record_applied_after_its_slot_moved_away_gets_moved_to_the_new_owner(tmp_path, run):
-    async def main():
-        n = await Node().start(tmp_path)
-        try:
-            sb = n.sb
-            k = key_in(1)
-            slot = key_slot(k)
-            pending = asyncio.get_running_loop().create_task(sb.submit([cmd("RPUSH", k, "a")]))
-            await asyncio.sleep(0)                # routed to group 1 and gathered, not yet applied
-            # The slot moves to group 2 (node 2) before the record applies: the new map, and
-            # group 1's fsm no longer owning it (what a replicated layout change will do).
-            sb.slot_map = LAYOUT.with_owner([slot], 2)
-            g1 = n.groups[1]
-            g1.sm.owned = OwnedSlots.from_ranges([(RUNS[1][0], slot - 1), (slot + 1, RUNS[1][1])])
-            [reply] = await pending
-            assert isinstance(reply, EngineError) and reply.message == "MOVED %d %s" % (slot, ADDRESSES[2].resp)
-            assert not g1.sm.keyspace.exists(k)
-        finally:
-            await n.close()
-    run(main())
+    async def main(n):
+        sb = n.sb
+        k = key_in(1)
+        slot = key_slot(k)
+        pending = asyncio.get_running_loop().create_task(sb.submit([cmd("RPUSH", k, "a")]))
+        await asyncio.sleep(0)                # routed to group 1 and gathered, not yet applied
+        # The slot moves to group 2 (node 2) before the record applies: the new map, and
+        # group 1's fsm no longer owning it (what a replicated layout change will do).
+        sb.slot_map = LAYOUT.with_owner([slot], 2)
+        g1 = n.groups[1]
+        g1.sm.owned = OwnedSlots.from_ranges([(RUNS[1][0], slot - 1), (slot + 1, RUNS[1][1])])
+        [reply] = await pending
+        assert isinstance(reply, EngineError) and reply.message == "MOVED %d %s" % (slot, ADDRESSES[2].resp)
+        assert not g1.sm.keyspace.exists(k)
+    run_on_node(tmp_path, run, main)
