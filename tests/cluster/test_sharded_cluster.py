@@ -241,3 +241,38 @@ def test_a_groups_flag_that_disagrees_with_the_stored_map_is_refused(sharded):
     node.start()
     node.wait_ready()
     wait_spread(sharded)
+
+
+def test_more_nodes_than_replicas_each_node_hosts_its_groups_only(cluster_factory):
+    """4 nodes, --groups 4: group g on the 3 nodes from g, so node 4 has no replica of group 1.
+    It still routes: RedisCluster works through it, and a key of group 1 gets MOVED to group
+    1's preferred leader (the best a node without a replica knows)."""
+    c = start_sharded(cluster_factory, n=4, groups=4)
+    try:
+        def one_each():
+            infos = {i: rclient(n).info("raft") for i, n in c.nodes.items()}
+            led = {i: inf["raft_group%d" % i].get("role") for i, inf in infos.items()}
+            return infos if all(r == "leader" for r in led.values()) else None
+        infos = wait_until(one_each, 30, "each node leading its preferred group")
+        assert {i: list(inf["raft_groups_hosted"]) for i, inf in infos.items()} == \
+            {1: [1, 3, 4], 2: [1, 2, 4], 3: [1, 2, 3], 4: [2, 3, 4]}
+        host, port = c.nodes[4].resp.rsplit(":", 1)
+        rc = RedisCluster(host=host, port=int(port), socket_timeout=5, decode_responses=True)
+        try:
+            keys = ["{m%d}" % i for i in range(40)]
+            for k in keys:
+                rc.rpush(k, "x")
+            assert [rc.llen(k) for k in keys] == [1] * 40
+        finally:
+            rc.close()
+        k1 = next(k for k in ("n%d" % i for i in range(10_000)) if key_slot(k.encode()) < 4096)
+        with rclient(c.nodes[4]) as r:
+            with pytest.raises(redis.exceptions.MovedError) as ei:
+                r.rpush(k1, "x")
+            assert str(ei.value) == "%d %s" % (key_slot(k1.encode()), c.nodes[1].resp)
+            slots = r.execute_command("CLUSTER SLOTS")
+        assert [(s[0], s[1], "%s:%d" % (s[2][0], s[2][1])) for s in slots] == \
+            [(0, 4095, c.nodes[1].resp), (4096, 8191, c.nodes[2].resp),
+             (8192, 12287, c.nodes[3].resp), (12288, 16383, c.nodes[4].resp)]
+    finally:
+        c.kill_all()
