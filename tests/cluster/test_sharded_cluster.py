@@ -100,33 +100,47 @@ def test_every_node_holds_the_same_layout_and_leads_two_groups(sharded):
         assert {n.id: n.grpc for n in lay.nodes} == {j: m.grpc for j, m in sharded.nodes.items()}
     strip = [[(g.id, [(r.first, r.last) for r in g.slots]) for g in lay.groups] for lay in layouts.values()]
     assert strip[0] == strip[1] == strip[2]
-    # Leaders as every node knows them: the preferred ones (wait_spread saw them settle).
-    for lay in layouts.values():
-        assert [g.leader for g in lay.groups] == [g.preferred_leader for g in lay.groups]
-        assert all(g.term >= 1 for g in lay.groups)
-    assert {i: led_groups(n) for i, n in sharded.nodes.items()} == {1: [1, 4], 2: [2, 5], 3: [3, 6]}
+    # Leaders as every node knows them: the preferred ones. (Awaited, not asserted at once: on a
+    # loaded machine a missed heartbeat may move a leader for a moment; the balancer brings it back.)
+    def preferred_everywhere():
+        lays = [layout(n) for n in sharded.nodes.values()]
+        return all([g.leader for g in lay.groups] == [g.preferred_leader for g in lay.groups]
+                   and all(g.term >= 1 for g in lay.groups) for lay in lays)
+    wait_until(preferred_everywhere, 30, "every node naming the preferred leaders")
+    wait_spread(sharded)
     # INFO's role is "leader" on a node leading some group; its raft lines name each group.
     inf = rclient(sharded.nodes[1]).info("raft")
     assert inf["raft_role"] == "leader" and inf["raft_groups"] == GROUPS
     assert inf["raft_group1"]["slots"] == "0-2730"
 
 
+def cluster_view(node):
+    """(CLUSTER SLOTS as [first, last, master address], the raw slots reply, CLUSTER INFO,
+    the raw CLUSTER NODES text) of one node."""
+    with rclient(node, decode_responses=False) as r:
+        slots = r.execute_command("CLUSTER SLOTS")
+        info = r.execute_command("CLUSTER INFO")             # parsed by redis-py
+    nodes_txt = subprocess.run(["redis-cli", "-p", str(node.resp_port), "CLUSTER", "NODES"],
+                               capture_output=True, text=True, timeout=30).stdout  # the raw text
+    masters = [[s[0], s[1], "%s:%d" % (s[2][0].decode(), s[2][1])] for s in slots]
+    return masters, slots, info, nodes_txt
+
+
 def test_cluster_slots_cover_every_slot_with_each_group_led_where_it_is(sharded):
     resp_of = {n.id: n.resp for n in sharded.nodes.values()}
-    want = [[g.slots[0].first, g.slots[0].last, resp_of[g.leader]] for g in layout(sharded.nodes[1]).groups]
+    want = [[g.slots[0].first, g.slots[0].last, resp_of[g.preferred_leader]] for g in layout(sharded.nodes[1]).groups]
     for node in sharded.nodes.values():
-        with rclient(node, decode_responses=False) as r:
-            slots = r.execute_command("CLUSTER SLOTS")
-            info = r.execute_command("CLUSTER INFO")             # parsed by redis-py
-        nodes_txt = subprocess.run(["redis-cli", "-p", str(node.resp_port), "CLUSTER", "NODES"],
-                                   capture_output=True, text=True, timeout=30).stdout  # the raw text
-        got = [[s[0], s[1], "%s:%d" % (s[2][0].decode(), s[2][1])] for s in slots]
-        assert got == want
+        # Awaited: a leader moved for a moment by a missed heartbeat on a loaded machine comes back.
+        masters, slots, info, nodes_txt = wait_until(
+            lambda: (lambda v: v if v[0] == want else None)(cluster_view(node)), 30,
+            "node %d's CLUSTER SLOTS naming the preferred leaders" % node.id)
         assert all(len(s) == 5 for s in slots)              # master + two replicas each
         assert info["cluster_state"] == "ok" and int(info["cluster_slots_assigned"]) == 16384
         # CLUSTER NODES: the node is "myself,master" on its groups' lines, "myself,slave" on others.
         mine = [line for line in nodes_txt.splitlines() if "myself" in line]
-        assert sum("myself,master" in line for line in mine) == 2 and len(mine) == GROUPS
+        assert len(mine) == GROUPS
+        assert sorted(line.split()[-1] for line in mine if "myself,master" in line) == \
+            sorted("%d-%d" % (w[0], w[1]) for w in want if w[2] == node.resp)
 
 
 def test_redis_cluster_and_redis_cli_write_and_read_every_group(sharded):
@@ -145,6 +159,7 @@ def test_redis_cluster_and_redis_cli_write_and_read_every_group(sharded):
         finally:
             rc.close()
     # A plain client on a node that does not lead the key's group gets MOVED to the leader.
+    wait_spread(sharded)                                     # leaders where placement wants them
     with rclient(sharded.nodes[1]) as r:
         with pytest.raises(redis.exceptions.MovedError) as ei:
             r.xlen(keys[2])
@@ -188,6 +203,7 @@ def test_keyless_commands_answer_for_the_groups_the_node_leads(sharded):
     finally:
         rc.close()
     every = set()
+    wait_spread(sharded)
     for node in sharded.nodes.values():
         led = led_groups(node)
         with rclient(node) as r:
@@ -203,6 +219,7 @@ def test_keyless_commands_answer_for_the_groups_the_node_leads(sharded):
 def test_grpc_errors_name_the_keys_group_and_register_follows_the_slot(sharded):
     k = key_of_group(5, "grpc")                                # group 5 is led by node 2
     slot = key_slot(k.encode())
+    wait_spread(sharded)
     with grpc.insecure_channel(sharded.nodes[1].grpc) as ch:
         stub = pb_grpc.XRaftStub(ch)
         with pytest.raises(grpc.RpcError) as ei:
