@@ -114,6 +114,15 @@ def test_every_node_holds_the_same_layout_and_leads_two_groups(sharded):
     assert inf["raft_group1"]["slots"] == "0-2730"
 
 
+def test_health_is_serving_once_every_hosted_group_knows_a_leader(sharded):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    wait_spread(sharded)
+    for node in sharded.nodes.values():
+        with grpc.insecure_channel(node.grpc) as ch:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
 def cluster_view(node):
     """(CLUSTER SLOTS as [first, last, master address], the raw slots reply, CLUSTER INFO,
     the raw CLUSTER NODES text) of one node."""
