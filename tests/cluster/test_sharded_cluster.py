@@ -13,12 +13,14 @@ groups and prefers the leadership of two).
     - a --groups that disagrees with the stored map is refused at start.
 The kill -9 and restart-from-disk test is test_sharded_failover.py.
 """
+import os
 import subprocess
 
 import grpc
 import pytest
 import redis
 from google.rpc import status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis.cluster import RedisCluster
 
 from xraft.node.engine.slots import key_slot
@@ -115,7 +117,6 @@ def test_every_node_holds_the_same_layout_and_leads_two_groups(sharded):
 
 
 def test_health_is_serving_once_every_hosted_group_knows_a_leader(sharded):
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
     wait_spread(sharded)
     for node in sharded.nodes.values():
         with grpc.insecure_channel(node.grpc) as ch:
@@ -300,5 +301,36 @@ def test_more_nodes_than_replicas_each_node_hosts_its_groups_only(cluster_factor
         assert [(s[0], s[1], "%s:%d" % (s[2][0], s[2][1])) for s in slots] == \
             [(0, 4095, c.nodes[1].resp), (4096, 8191, c.nodes[2].resp),
              (8192, 12287, c.nodes[3].resp), (12288, 16383, c.nodes[4].resp)]
+    finally:
+        c.kill_all()
+
+
+def test_one_group_nodes_answer_cluster_layout_and_data_dirs_from_before_maps_still_start(cluster_factory):
+    """The default (--groups 1): ClusterLayout is one group of every slot with every peer a voter;
+    a data dir without slot-map.json (written before maps existed) restarts as that group."""
+    c = cluster_factory(3)
+    c.start()
+    try:
+        leader = c.wait_leader()
+        with rclient(leader) as r:
+            r.xadd("old", {"f": "v"})
+        lay = layout(c.nodes[1])
+        assert [(g.id, list(g.voters), [(s.first, s.last) for s in g.slots]) for g in lay.groups] == \
+            [(1, [1, 2, 3], [(0, 16383)])]
+        assert wait_until(lambda: layout(c.nodes[2]).groups[0].leader == leader.id, 10, "the leader known")
+        node = c.nodes[3]
+        node.signal(15)
+        assert node.wait_exit() == 0
+        os.remove(os.path.join(node.data_dir, "slot-map.json"))
+        node.extra_args = ["--groups", "2"]
+        node.start()
+        assert node.wait_exit() == 1 and "founded before slot maps" in node.log_text()
+        node.extra_args = []
+        node.start()
+        node.wait_ready()
+        assert [list(g.voters) for g in layout(node).groups] == [[1, 2, 3]]
+        with rclient(node) as r:
+            r.readonly()
+            assert wait_until(lambda: r.xlen("old") == 1, 10, "the entry on the restarted node")
     finally:
         c.kill_all()
