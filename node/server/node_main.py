@@ -1,7 +1,8 @@
 """`xraft-node`: one node process (CLI in config.py).
 
     grpc.aio server on --grpc     XRaft client API (grpc_service), Peer API (GrpcTransport),
-                                  grpc.health.v1 (SERVING while a leader is known), reflection
+                                  grpc.health.v1 (SERVING while every hosted group knows a
+                                  leader), reflection
     RESP server on --resp         redis clients (resp_server)
     MultiRaft                     one data group per slot map group this node replicates
                                   (--groups G, default 1: group 1 owns all 16384 slots);
