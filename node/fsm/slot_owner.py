@@ -117,12 +117,22 @@ class OwnedSlots:
 _ALL = b"\xff" * BITMAP_BYTES
 
 
+# Internal woken forms whose keys sit where their public form's do (fsm/blocking.py builds
+# them as the public argv renamed), but whose specs declare no key positions.
+_WOKEN_FORMS = {"lmpop-woken": b"lmpop", "xreadgroup-woken": b"xreadgroup"}
+
+
 def _argv_keys(argv) -> list:
+    argv = list(argv)
     try:
-        spec = lookup(list(argv), internal=True)
+        spec = lookup(argv, internal=True)
+        public = _WOKEN_FORMS.get(spec.name)
+        if public is not None:
+            argv = [public] + argv[1:]
+            spec = lookup(argv)
     except EngineError:
         return []                 # the command fails by itself (or is CONFIG: keyless)
-    return command_keys(spec, list(argv))
+    return command_keys(spec, argv)
 
 
 def request_keys(req: Request) -> Iterator[bytes]:

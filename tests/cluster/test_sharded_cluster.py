@@ -15,6 +15,7 @@ The kill -9 and restart-from-disk test is test_sharded_failover.py.
 """
 import os
 import subprocess
+import threading
 
 import grpc
 import pytest
@@ -200,6 +201,37 @@ def test_consumer_groups_work_in_every_group(sharded):
             assert [e[0] for e in rc.xreadgroup("grp", "c1", {k: "0"})[0][1]] == ids[3:]
     finally:
         rc.close()
+
+
+def test_blocked_readers_are_woken_in_their_own_group(sharded):
+    """XREADGROUP BLOCK and BLMPOP parked on the leader of each group: a write to the key wakes
+    them, and their retry (an internal woken form) is applied in the key's group."""
+    wait_spread(sharded)
+    for g in range(1, GROUPS + 1):
+        leader = sharded.nodes[(g - 1) % 3 + 1]
+        stream, lst = key_of_group(g, "blk-s"), key_of_group(g, "blk-l")
+        with rclient(leader, timeout=15) as r:
+            r.xgroup_create(stream, "grp", id="$", mkstream=True)
+        got = {}
+
+        def block_read():
+            with rclient(leader, timeout=15) as r:
+                got["xreadgroup"] = r.xreadgroup("grp", "c", {stream: ">"}, block=10_000)
+
+        def block_pop():
+            with rclient(leader, timeout=15) as r:
+                got["blmpop"] = r.blmpop(10, 1, lst, direction="LEFT")
+        threads = [threading.Thread(target=block_read), threading.Thread(target=block_pop)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: rclient(leader).info("clients")["blocked_clients"] == 2, 10, "both clients parked")
+        with rclient(leader) as r:
+            eid = r.xadd(stream, {"n": "1"})
+            r.rpush(lst, "x")
+        for t in threads:
+            t.join(15)
+        assert got["xreadgroup"] == [[stream, [(eid, {"n": "1"})]]], (g, got)
+        assert got["blmpop"] == [lst, ["x"]], (g, got)
 
 
 def test_keyless_commands_answer_for_the_groups_the_node_leads(sharded):

@@ -11,7 +11,7 @@ from xraft.node.engine.replies import OK
 from xraft.node.engine.slots import SLOT_COUNT, key_slot
 from xraft.node.fsm.entry import Request, XAddBatch, encode_record
 from xraft.node.fsm.errors import CorruptSnapshot
-from xraft.node.fsm.slot_owner import BITMAP_BYTES, OwnedSlots, SlotNotOwned, not_owned_slot
+from xraft.node.fsm.slot_owner import BITMAP_BYTES, OwnedSlots, SlotNotOwned, not_owned_slot, request_keys
 from xraft.node.fsm.state_machine import StateMachine
 
 NOW = 1_700_000_000_000
@@ -74,6 +74,16 @@ def test_every_request_kind_is_checked_and_keyless_ones_pass():
     assert results[3:] == [OK, OK, 1]
     assert sm.keyspace.config.stream_node_max_entries == 7
     assert sm.read(argv("LRANGE %s 0 -1" % MINE), NOW) == [b"c"]   # the MULTI ran no command
+
+
+def test_the_woken_forms_of_blocked_clients_are_checked_by_their_keys():
+    for argv_text, key in (("xreadgroup-woken GROUP g c COUNT 1 STREAMS %s >" % OTHER, OTHER),
+                           ("lmpop-woken 1 %s LEFT" % OTHER, OTHER),
+                           ("lpop-woken %s" % OTHER, OTHER), ("lmove-woken %s %s RIGHT LEFT" % (OTHER, OTHER), OTHER)):
+        req = Request.command(0, 0, argv(argv_text))
+        assert list(request_keys(req))[0] == key.encode(), argv_text
+        sm = first_half_sm()
+        assert not_owned_slot(apply(sm, req)[0]) == key_slot(OTHER.encode()), argv_text
 
 
 def test_a_refusal_is_remembered_by_the_session_and_is_deterministic():
