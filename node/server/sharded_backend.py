@@ -128,8 +128,13 @@ class ShardedBackend(Backend):
         try:
             return await call(b)
         except NotLeader as exc:
-            exc.slot = slot
-            raise
+            # A copy: one NotLeader instance may fail every submit of a record (many slots).
+            err = NotLeader(exc.leader_address)
+            err.grpc_address = getattr(exc, "grpc_address", None)
+            err.leader_id = getattr(exc, "leader_id", 0)
+            err.group_id = getattr(exc, "group_id", b.group_id)
+            err.slot = slot
+            raise err from None
 
     # -- writes -----------------------------------------------------------------------------
     async def submit(self, requests: Sequence) -> list:
