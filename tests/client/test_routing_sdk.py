@@ -1,0 +1,84 @@
+"""The SDK's routing against real gRPC servers over LocalBackends.
+
+Today's single-group servers answer ClusterLayout with UNIMPLEMENTED: the client
+then routes as it always did (one leader), fetching the layout once. With a layout
+installed in the router (what a sharded node would answer, as a real protobuf),
+keyed calls go to the server of their slot's group and keys in different slots
+are refused before anything is sent."""
+import pytest
+
+from tests.client import run, serving
+from xraft.client import errors
+from xraft.client.aio import Client
+from xraft.client.routing import Layout
+from xraft.client.slots import key_slot
+from xraft.proto.v1 import client_pb2 as pb
+
+# Keys of the two halves of the slot space (checked below).
+LOW, HIGH = "bar", "foo"            # slots 5061 and 12182
+
+
+def two_group_layout(low_addr, high_addr) -> Layout:
+    m = pb.ClusterLayoutResponse(epoch=3, node_id=1)
+    m.nodes.add(id=1, grpc=low_addr, state="up")
+    m.nodes.add(id=2, grpc=high_addr, state="up")
+    m.groups.add(id=1, leader=1, term=1, voters=[1]).slots.add(first=0, last=8191)
+    m.groups.add(id=2, leader=2, term=1, voters=[2]).slots.add(first=8192, last=16383)
+    return Layout.from_pb(m)
+
+
+def test_keys_are_in_the_halves_they_are_named_for():
+    assert key_slot(LOW.encode()) < 8192 <= key_slot(HIGH.encode())
+
+
+def test_a_server_without_cluster_layout_keeps_the_one_leader_routing():
+    async def body():
+        async with serving() as (addr, backend, _s):
+            async with Client([addr], timeout=5) as c:
+                assert await c.rpush(LOW, "a") == 1
+                assert await c.rpush(HIGH, "b") == 1
+                assert c.routing_mode == "single" and c.layout_fetches == 1 and c.leader_for(LOW) is None
+                # one group owns every slot: keys in different slots are fine, as before
+                assert await c.blpop([LOW, HIGH], block_ms=100) == (LOW.encode(), b"a")
+                assert c.layout_fetches == 1                    # asked once, not per call
+                with pytest.raises(errors.NotSupportedError, match="does not serve ClusterLayout"):
+                    await c.cluster_layout()
+    run(body)
+
+
+def test_keyed_calls_go_to_the_server_of_their_group():
+    async def body():
+        async with serving() as (low, low_backend, _a), serving() as (high, high_backend, _b):
+            async with Client([low], timeout=5, request_ids=False) as c:
+                c._router.install(two_group_layout(low, high))
+                assert c.leader_for(LOW) == low and c.leader_for(HIGH) == high
+                assert await c.rpush(LOW, "l1") == 1
+                assert await c.rpush(HIGH, "h1") == 1
+                assert await c.rpush(HIGH, "h2") == 2
+                assert await c.lrange(HIGH, 0, -1) == [b"h1", b"h2"]
+                assert await c.execute("LLEN", LOW) == 1            # execute routes by argv[1]
+                assert c.redirects == 0
+            async with Client([low], timeout=5) as direct_low, Client([high], timeout=5) as direct_high:
+                assert await direct_low.lrange(LOW, 0, -1) == [b"l1"] and await direct_low.llen(HIGH) == 0
+                assert await direct_high.lrange(HIGH, 0, -1) == [b"h1", b"h2"] and await direct_high.llen(LOW) == 0
+    run(body)
+
+
+def test_keys_in_different_slots_are_refused_before_sending():
+    async def body():
+        async with serving() as (low, backend, _a), serving() as (high, _hb, _b):
+            async with Client([low], timeout=5, request_ids=False) as c:
+                c._router.install(two_group_layout(low, high))
+                await c.rpush(LOW, "x")
+                for call in (c.blpop([LOW, HIGH], block_ms=100), c.lmove(LOW, HIGH),
+                             c.xread({LOW: "0-0", HIGH: "0-0"})):
+                    with pytest.raises(errors.CrossSlotError, match="CROSSSLOT"):
+                        await call
+                session = c.consume([LOW, "other"], "g", "c1")
+                with pytest.raises(errors.CrossSlotError):
+                    await session.__anext__()
+                await session.close()
+                assert await c.lrange(LOW, 0, -1) == [b"x"]          # nothing popped or moved
+                # the same slot through a hash tag is one call
+                assert await c.lmove("{t}a", "{t}b") is None
+    run(body)
