@@ -247,6 +247,17 @@ class Client(Commands):
                                  + ", ".join(map(str, sorted(slots)[:8])) + ")")
         return slots.pop() if slots else 0
 
+    async def _split_by_slot(self, keys: list) -> list | None:
+        """`keys` grouped by slot (lists in first-seen order) when a sharded
+        cluster needs more than one call for them; None otherwise."""
+        await self._router.ensure(None)
+        if self._router.mode is not routing_modes.LAYOUT:
+            return None
+        parts: dict[int, list] = {}
+        for k in keys:
+            parts.setdefault(key_slot(k), []).append(k)
+        return list(parts.values()) if len(parts) > 1 else None
+
     def _route(self, slot: int | None) -> str:
         """The address for the next attempt of a call for `slot`."""
         table = self._router.table

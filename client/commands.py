@@ -4,9 +4,11 @@ A mixin over `aio.Client._unary(rpc, request, write=..., timeout=..., keys=...)`
 owns routing, retries and errors. Each method is the redis command it names,
 with redis's argument names; results are the dataclasses of types.py.
 """
+import asyncio
+
 from xraft.proto.v1 import client_pb2 as pb
 
-from .errors import from_detail
+from .errors import XRaftError, from_detail
 from .types import (AutoClaimResult, ClaimResult, ConsumerInfo, PendingEntry, PendingSummary, StreamID,
                     bound_to_pb, end_to_pb, entry_from_pb, fields_to_pb, group_info_from_pb, group_start_to_pb,
                     stream_info_from_pb, streams_from_pb, to_bytes, trim_to_pb, value_from_pb, xadd_entry_to_pb)
@@ -88,6 +90,22 @@ class Commands:
                 out.append(err)
         return out
 
+    async def xadd_multi(self, batches: dict, *, timeout=None, **options) -> dict:
+        """XADD to several streams at once: {key: entries} -> {key: results}.
+        Split, not CROSSSLOT: each key's entries are one xadd_batch (one log
+        record, `options` as xadd_batch's), all sent together, so keys of
+        different Raft groups go to their own leaders in parallel. Keys are
+        independent: `results` is xadd_batch's list, or the XRaftError that
+        ended that key's call (returned, not raised; an UnknownOutcomeError
+        means that key's entries may or may not have been added)."""
+        keys = list(batches)
+        outcomes = await asyncio.gather(*(self.xadd_batch(k, batches[k], timeout=timeout, **options) for k in keys),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, XRaftError):
+                raise outcome
+        return dict(zip(keys, outcomes))
+
     async def xdel(self, key, *ids, timeout=None) -> int:
         req = pb.XDelRequest(key=to_bytes(key), ids=_ids(ids))
         return (await self._unary("XDel", req, write=True, timeout=timeout, keys=req.key)).deleted
@@ -127,7 +145,20 @@ class Commands:
         return (await self._unary("XLen", req, write=False, timeout=timeout, keys=req.key)).length
 
     async def xread(self, streams: dict, count=None, block_ms=None, *, timeout=None) -> dict:
-        """XREAD: {key: id | "$"} -> {key: [StreamEntry]} (only streams with entries)."""
+        """XREAD: {key: id | "$"} -> {key: [StreamEntry]} (only streams with entries).
+        On a sharded cluster, streams in different slots: without block_ms the
+        read is split (one XREAD per slot, in parallel; COUNT is per stream
+        anyway, so the merged reply is the one XREAD would give); with
+        block_ms it is a CrossSlotError, nothing sent (which stream wakes the
+        call first cannot be split)."""
+        if block_ms is None and len(streams) > 1:
+            parts = await self._split_by_slot([to_bytes(k) for k in streams])
+            if parts is not None:
+                by_key = {to_bytes(k): v for k, v in streams.items()}
+                replies = await asyncio.gather(*(self.xread({k: by_key[k] for k in part}, count, timeout=timeout)
+                                                 for part in parts))
+                merged = {k: v for reply in replies for k, v in reply.items()}
+                return {k: merged[k] for k in by_key if k in merged}     # request order, as one XREAD
         req = _stream_read_request(pb.XReadRequest(), streams, "$", "new_entries_only", count, block_ms)
         resp = await self._unary("XRead", req, write=False, timeout=_block_timeout(block_ms, timeout),
                                  keys=[s.key for s in req.streams])
@@ -135,7 +166,10 @@ class Commands:
 
     async def xreadgroup(self, group, consumer, streams: dict, count=None, block_ms=None, noack=False, *,
                          timeout=None) -> dict:
-        """XREADGROUP: {key: ">" | id} -> {key: [StreamEntry]} (history entries may be `deleted`)."""
+        """XREADGROUP: {key: ">" | id} -> {key: [StreamEntry]} (history entries may be `deleted`).
+        On a sharded cluster the streams must share a slot (CrossSlotError,
+        nothing sent): it delivers, and a split whose one part failed would
+        leave the other part's entries delivered and unreported."""
         req = _stream_read_request(pb.XReadGroupRequest(group=to_bytes(group), consumer=to_bytes(consumer),
                                                         no_ack=noack), streams, ">", "new_entries", count, block_ms)
         resp = await self._unary("XReadGroup", req, write=True, timeout=_block_timeout(block_ms, timeout),

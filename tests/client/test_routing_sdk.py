@@ -71,7 +71,8 @@ def test_keys_in_different_slots_are_refused_before_sending():
                 c._router.install(two_group_layout(low, high))
                 await c.rpush(LOW, "x")
                 for call in (c.blpop([LOW, HIGH], block_ms=100), c.lmove(LOW, HIGH),
-                             c.xread({LOW: "0-0", HIGH: "0-0"})):
+                             c.xread({LOW: "0-0", HIGH: "0-0"}, block_ms=100),
+                             c.xreadgroup("g", "c", {LOW: ">", HIGH: ">"})):
                     with pytest.raises(errors.CrossSlotError, match="CROSSSLOT"):
                         await call
                 session = c.consume([LOW, "other"], "g", "c1")
@@ -81,4 +82,23 @@ def test_keys_in_different_slots_are_refused_before_sending():
                 assert await c.lrange(LOW, 0, -1) == [b"x"]          # nothing popped or moved
                 # the same slot through a hash tag is one call
                 assert await c.lmove("{t}a", "{t}b") is None
+    run(body)
+
+
+def test_batches_of_independent_keys_are_split_per_group():
+    async def body():
+        async with serving() as (low, low_backend, _a), serving() as (high, high_backend, _b):
+            async with Client([low], timeout=5, request_ids=False) as c:
+                c._router.install(two_group_layout(low, high))
+                added = await c.xadd_multi({HIGH: [("1-1", {"f": "h"})], LOW: [("2-1", {"f": "l"}), {"f": "m"}],
+                                            "{bar}2": [("0-0", {"f": "bad"})]})
+                assert list(added) == [HIGH, LOW, "{bar}2"]
+                assert added[HIGH] == [(1, 1)] and added[LOW][0] == (2, 1) and len(added[LOW]) == 2
+                assert isinstance(added["{bar}2"][0], errors.CommandError)      # per entry, returned
+                # a non-blocking XREAD over both groups is split and merged in request order
+                reply = await c.xread({HIGH: "0-0", LOW: "2-1", "nothing": "0-0"})
+                assert list(reply) == [HIGH.encode(), LOW.encode()]
+                assert [e.id for e in reply[HIGH.encode()]] == [(1, 1)] and len(reply[LOW.encode()]) == 1
+            async with Client([high], timeout=5) as direct:
+                assert await direct.xlen(HIGH) == 1 and await direct.xlen(LOW) == 0
     run(body)
