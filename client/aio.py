@@ -99,6 +99,7 @@ MAX_TRACKED_WRITES = DEDUP_WINDOW // 4     # seq span of id-carrying writes in f
 MAX_MESSAGE_BYTES = 16 << 20               # the server's gRPC message limit (client.proto)
 MAX_REDIRECTS = 8                          # NOT_LEADER / MOVED hops per attempt before backing off
 MAX_REGISTER_TRIES = 5                     # XRAFT.REGISTER attempts with an unknown outcome
+SLOT_CACHE_KEYS = 4096                     # keys whose slot is remembered (cleared when full)
 
 
 @dataclass
@@ -164,6 +165,7 @@ class Client(Commands):
         self._seed_index = 0
         self._router = Router(self._seeds, self._layout_rpc)
         self.redirects = 0                 # NOT_LEADER / MOVED answers followed (tests and stats)
+        self._slots: dict[bytes, int] = {}  # key -> slot (_key_slot)
         # Request ids: a random client id (the server's session key) and a counter.
         # The session is registered (XRAFT.REGISTER) before the first write that
         # carries the id, and replaced by a new id when the server says it expired.
@@ -234,28 +236,41 @@ class Client(Commands):
         cluster keys in different slots raise CrossSlotError before anything
         is sent (redis cluster's rule: one slot per command), and a keyless
         call goes to slot 0's group."""
-        await self._router.ensure(timeout)
-        if self._router.mode is not routing_modes.LAYOUT:
+        router = self._router
+        if router.mode is routing_modes.UNKNOWN:
+            await router.ensure(timeout)
+        if router.mode is not routing_modes.LAYOUT:
             return None
         if keys is None:
             return 0
         if keys.__class__ is bytes:
-            return key_slot(keys)
-        slots = {key_slot(k) for k in keys}
+            return self._key_slot(keys)
+        slots = {self._key_slot(k) for k in keys}
         if len(slots) > 1:
             raise CrossSlotError("CROSSSLOT Keys in request don't hash to the same slot (not sent; slots "
                                  + ", ".join(map(str, sorted(slots)[:8])) + ")")
         return slots.pop() if slots else 0
 
+    def _key_slot(self, key: bytes) -> int:
+        """key_slot, remembered for the keys used most recently (a producer
+        writes to the same few keys; CRC16 in Python costs per byte)."""
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) >= SLOT_CACHE_KEYS:
+                self._slots.clear()
+            slot = self._slots[key] = key_slot(key)
+        return slot
+
     async def _split_by_slot(self, keys: list) -> list | None:
         """`keys` grouped by slot (lists in first-seen order) when a sharded
         cluster needs more than one call for them; None otherwise."""
-        await self._router.ensure(None)
+        if self._router.mode is routing_modes.UNKNOWN:
+            await self._router.ensure(None)
         if self._router.mode is not routing_modes.LAYOUT:
             return None
         parts: dict[int, list] = {}
         for k in keys:
-            parts.setdefault(key_slot(k), []).append(k)
+            parts.setdefault(self._key_slot(k), []).append(k)
         return list(parts.values()) if len(parts) > 1 else None
 
     def _route(self, slot: int | None) -> str:
