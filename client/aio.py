@@ -484,10 +484,45 @@ class Client(Commands):
         or repeated), giving up after `timeout` seconds without a success.
         ("$" not yet past its first entry is resolved again on resubscribe.)
         Routed to the leader of the streams' group, and re-routed after a
-        failover; on a sharded cluster the streams must share one slot
-        (CrossSlotError otherwise, before subscribing: use {hash tags}, or
-        one subscribe per stream)."""
+        failover. Split on a sharded cluster: streams in different slots
+        are tailed by one Subscribe call per slot, merged as they arrive
+        (each stream's entries stay in order); the first call that fails
+        for good ends them all with its error."""
         after = {to_bytes(k): v for k, v in streams.items()}
+        parts = await self._split_by_slot(list(after))
+        if parts is None:
+            async for item in self._subscribe_slot(after, max_batch, follower_read):
+                yield item
+            return
+        merged: asyncio.Queue = asyncio.Queue(maxsize=len(parts))   # bounded: a slow reader slows the calls
+        done = object()
+
+        async def feed(part):
+            try:
+                async for item in self._subscribe_slot({k: after[k] for k in part}, max_batch, follower_read):
+                    await merged.put(item)
+                await merged.put(done)
+            except Exception as e:  # noqa: BLE001 - handed to the reader, who raises it
+                await merged.put(e)
+
+        feeders = [asyncio.ensure_future(feed(part)) for part in parts]
+        try:
+            running = len(feeders)
+            while running:
+                item = await merged.get()
+                if item is done:
+                    running -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in feeders:
+                task.cancel()
+            await asyncio.gather(*feeders, return_exceptions=True)
+
+    async def _subscribe_slot(self, after: dict, max_batch: int, follower_read: bool):
+        """subscribe() for streams of one slot (or of an unsharded cluster)."""
         slot = await self._slot_of(list(after), None)
         failing_since = None
         attempt = 0

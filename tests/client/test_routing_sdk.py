@@ -102,3 +102,27 @@ def test_batches_of_independent_keys_are_split_per_group():
             async with Client([high], timeout=5) as direct:
                 assert await direct.xlen(HIGH) == 1 and await direct.xlen(LOW) == 0
     run(body)
+
+
+def test_a_subscription_to_streams_of_two_groups_is_split_and_merged():
+    async def body():
+        async with serving() as (low, _lb, _a), serving() as (high, _hb, _b):
+            async with Client([low], timeout=5, request_ids=False) as c:
+                c._router.install(two_group_layout(low, high))
+                await c.xadd(LOW, {"f": "l1"}, "1-1")
+                await c.xadd(HIGH, {"f": "h1"}, "1-1")
+                stream = c.subscribe({LOW: "0-0", HIGH: "0-0"})
+                got = {}
+                while len(got) < 2:
+                    key, entries = await stream.__anext__()
+                    got[key] = [e.fields_dict[b"f"] for e in entries]
+                await c.xadd(HIGH, {"f": "h2"}, "2-1")
+                assert await stream.__anext__() == (HIGH.encode(), [await _entry(c, HIGH, "2-1")])
+                await stream.aclose()
+                assert got == {LOW.encode(): [b"l1"], HIGH.encode(): [b"h1"]}
+    run(body)
+
+
+async def _entry(client, key, sid):
+    [entry] = await client.xrange(key, sid, sid)
+    return entry
