@@ -247,6 +247,9 @@ class Request:
     kind: Kind
     commands: tuple                # tuple of argv tuples of bytes; () for XADD_BATCH
     xadd: XAddBatch | None = None  # Invariant: set iff kind == XADD_BATCH
+    # Where a node routes a keyless REGISTER (XRAFT.REGISTER ... SLOT s): the group owning
+    # this slot. Not part of the record (never encoded, not compared); None = slot 0.
+    route_slot: int | None = field(default=None, compare=False)
 
     @classmethod
     def command(cls, client_id: int, seq: int, argv) -> "Request":
@@ -284,8 +287,8 @@ class Request:
         return cls(0, 0, Kind.NOOP, ())
 
     @classmethod
-    def register(cls, client_id: int) -> "Request":
-        return cls(client_id, 0, Kind.REGISTER, ())
+    def register(cls, client_id: int, route_slot: int | None = None) -> "Request":
+        return cls(client_id, 0, Kind.REGISTER, (), None, route_slot)
 
     @classmethod
     def xadd_batch(cls, client_id: int, seq: int, batch: XAddBatch) -> "Request":

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from ..engine.commands import lookup
 from ..engine.errors import CommandError, EngineError, wrong_arity
+from ..engine.slots import SLOT_COUNT
 from ..invariant import invariant
 from .blocking import BlockingPlan, plan_blocking
 from .config_set import parse_config_set
@@ -194,18 +195,28 @@ class Resolved:
     plan: BlockingPlan | None       # set when the client sent a blocking form
 
 
-REGISTER_COMMAND = b"xraft.register"     # XRAFT.REGISTER <client id>: open a session (sessions.py)
+REGISTER_COMMAND = b"xraft.register"     # XRAFT.REGISTER <client id> [SLOT <slot>]: open a session
 
 
 def resolve_register(argv) -> Request:
-    """XRAFT.REGISTER <client id>: the REGISTER request for that id (1..2**64-1)."""
-    if len(argv) != 2:
+    """XRAFT.REGISTER <client id> [SLOT <slot>]: the REGISTER request for that id
+    (1..2**64-1). Sessions are per data group (each group's fsm has its own table):
+    SLOT names the group (the one owning that slot; without it, slot 0's)."""
+    if len(argv) not in (2, 4):
         raise wrong_arity("xraft.register")
     raw = bytes(argv[1])
     cid = int(raw) if raw.isdigit() and len(raw) <= 20 else 0
     if not 0 < cid <= MAX_U64:
         raise CommandError("ERR xraft: client id must be an integer in 1..%d" % MAX_U64)
-    return Request.register(cid)
+    slot = None
+    if len(argv) == 4:
+        if bytes(argv[2]).lower() != b"slot":
+            raise CommandError("ERR syntax error")
+        raw = bytes(argv[3])
+        slot = int(raw) if raw.isdigit() and len(raw) <= 5 else -1
+        if not 0 <= slot < SLOT_COUNT:
+            raise CommandError("ERR xraft: slot must be an integer in 0..%d" % (SLOT_COUNT - 1))
+    return Request.register(cid, slot)
 
 
 def resolve_command(client_id: int, seq: int, argv) -> Resolved:

@@ -6,6 +6,8 @@
                          replicated, in snapshots; expired by replicated time
     +-- versions         per-key last-modified log index for WATCH (watch.py):
                          replicated, in snapshots
+    +-- owned            the slots this group owns (slot_owner.py): a keyed request
+                         for another slot is refused at apply; replicated, in snapshots
     +-- applied_index    last log index applied. Invariant: advances by exactly 1 per apply/skip
     +-- last_now_ms      largest time applied. Invariant: never decreases
     +-- last_ready_keys  keys signalled ready by the last apply (for the server to
@@ -29,10 +31,12 @@ Snapshot layout (big-endian):
     +--------+---------+-------------+------------+--------------+----------------------+
     | "XFSM" | ver u16 | applied u64 | now_ms u64 | sess_len u32 | sessions (sessions.py)|
     +--------+---------+-------------+------------+--------------+----------------------+
-    | ver_len u32 | versions (watch.py; version >= 3)   | ks_len u64 | keyspace (engine   |
-    +-------------+--------------------------------------+------------+ dump.py, own CRCs)|
-    | crc32 u32 of all before                                                             |
-    +-------------------------------------------------------------------------------------+
+    | ver_len u32 | versions (watch.py; version >= 3)   | own_len u32 | owned slots       |
+    +-------------+--------------------------------------+-------------+ (version >= 4)    |
+    | ks_len u64 | keyspace (engine dump.py, own CRCs)   | crc32 u32 of all before          |
+    +------------+---------------------------------------+----------------------------------+
+      version < 4 has no own_len/owned: it restores as owning every slot
+      (slot_owner.py: own_len 0 = every slot, else the 2048-byte bitmap).
       version 1 (before WATCH) has no ver_len/versions: it restores with no
       versions and floor = applied (watch.py).
       applied <= 2**63-1; now_ms <= 2**63-1; all lengths exactly fit the bytes
@@ -62,14 +66,16 @@ from .resolve import is_config_set, queue_check
 from .sessions import MAGIC as SESSIONS_MAGIC
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
                        DEFAULT_SESSION_TIMEOUT_MS, CorruptSessions, Sessions)
+from .slot_owner import CorruptOwnedSlots, OwnedSlots
 from .watch import CorruptVersions, KeyVersions
 from .xadd_batch import apply_xadd_batch
 
 SNAP_MAGIC = b"XFSM"
 # Version 2: sessions in their timed form (sessions.py v2). Version 3 adds the WATCH key
-# versions (the versions section is present iff version >= 3).
-SNAP_VERSION = 3
-_SNAP_VERSIONS = (1, 2, 3)                 # restorable; 1 = sessions without times, < 3 = no versions
+# versions (the versions section is present iff version >= 3). Version 4 adds the owned
+# slots (present iff version >= 4; older ones own every slot).
+SNAP_VERSION = 4
+_SNAP_VERSIONS = (1, 2, 3, 4)              # restorable; 1 = sessions without times, < 3 = no versions
 MAX_INDEX = (1 << 63) - 1
 
 _SNAP_HEAD = struct.Struct(">4sHQQI")      # magic, version, applied, now_ms, sess_len
@@ -87,13 +93,17 @@ class StateMachine:
                  max_clients: int = DEFAULT_MAX_CLIENTS,
                  results_per_client: int = DEFAULT_RESULTS_PER_CLIENT,
                  max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-                 session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS):
+                 session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+                 owned: OwnedSlots | None = None):
         # The initial config is part of the initial state: every replica must
         # start from the same one. Copied, so the caller's object is not shared.
         config = dataclasses.replace(config) if config is not None else EngineConfig()
         self.keyspace = Keyspace(config=config)
         self.sessions = Sessions(max_clients, results_per_client, max_result_bytes, session_timeout_ms)
         self.versions = KeyVersions()
+        # Part of the initial state too: every replica of a group starts from the slot map's
+        # ranges for it (the founding nodes all compute the same map).
+        self.owned = owned if owned is not None else OwnedSlots()
         self.applied_index = 0
         self.last_now_ms = 0
         self.last_ready_keys = frozenset()
@@ -154,7 +164,10 @@ class StateMachine:
             if seen and not (req.kind == Kind.COMMAND and may_run_again(req.argv, result)):
                 return result                     # a retry: the first attempt's result
             want_results = True                   # the sessions keep it
-        if req.kind == Kind.COMMAND:
+        refused = self.owned.refusal(req) if self.owned.bitmap is not None else None
+        if refused is not None:
+            result = refused                      # a slot another group owns: nothing changes
+        elif req.kind == Kind.COMMAND:
             result = self._apply_command(req.argv, now, want_results)
         elif req.kind == Kind.XADD_BATCH:
             result = apply_xadd_batch(self.keyspace, req.xadd, now)
@@ -270,6 +283,7 @@ class StateMachine:
     def snapshot(self) -> bytes:
         sessions = self.sessions.encode()
         versions = self.versions.encode()
+        owned = self.owned.encode()
         keyspace = dump_keyspace(self.keyspace)
         invariant(len(sessions) < 1 << 32, "sessions too large for the snapshot")
         invariant(len(versions) < 1 << 32, "versions too large for the snapshot")
@@ -277,16 +291,18 @@ class StateMachine:
                   "snapshot meta out of range")
         body = b"".join((
             _SNAP_HEAD.pack(SNAP_MAGIC, SNAP_VERSION, self.applied_index, self.last_now_ms, len(sessions)),
-            sessions, _U32.pack(len(versions)), versions, _U64.pack(len(keyspace)), keyspace))
+            sessions, _U32.pack(len(versions)), versions, _U32.pack(len(owned)), owned,
+            _U64.pack(len(keyspace)), keyspace))
         return body + _U32.pack(zlib.crc32(body))
 
     def restore(self, buf) -> None:
         """Replace the whole state with a snapshot's; CorruptSnapshot (and no
         change at all) if the bytes are not one."""
-        applied, now_ms, sessions, versions, keyspace = _parse_snapshot(buf)
+        applied, now_ms, sessions, versions, owned, keyspace = _parse_snapshot(buf)
         self.keyspace = keyspace
         self.sessions = sessions
         self.versions = versions
+        self.owned = owned
         self.applied_index = applied
         self.last_now_ms = now_ms
         self.last_ready_keys = frozenset()
@@ -333,6 +349,21 @@ def _parse_snapshot(buf):
         except CorruptVersions as e:
             raise CorruptSnapshot("versions: %s" % e) from None
         pos += ver_len
+    owned = OwnedSlots()
+    if version >= 4:
+        if end - pos < _U32.size:
+            raise CorruptSnapshot("owned slots length runs past the end")
+        own_len = _U32.unpack_from(buf, pos)[0]
+        pos += _U32.size
+        if own_len > end - pos - _U64.size:
+            raise CorruptSnapshot("owned slots of %d bytes run past the end" % own_len)
+        try:
+            owned = OwnedSlots.decode(buf[pos:pos + own_len])
+        except CorruptOwnedSlots as e:
+            raise CorruptSnapshot("owned slots: %s" % e) from None
+        pos += own_len
+    if end - pos < _U64.size:
+        raise CorruptSnapshot("keyspace length runs past the end")
     ks_len = _U64.unpack_from(buf, pos)[0]
     pos += _U64.size
     if ks_len != end - pos:
@@ -341,4 +372,4 @@ def _parse_snapshot(buf):
         keyspace = load_keyspace(buf[pos:end])
     except CorruptDump as e:
         raise CorruptSnapshot("keyspace: %s" % e) from None
-    return applied, now_ms, sessions, versions, keyspace
+    return applied, now_ms, sessions, versions, owned, keyspace

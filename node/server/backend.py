@@ -204,9 +204,9 @@ class Backend(abc.ABC):
     def advertise(self, host: str, port: int) -> None:
         """The RESP server tells the backend where it listens (port 0 binds)."""
 
-    def applied_index(self) -> int:
-        """The last log index applied on this node: what a WATCH remembers
-        (fsm/watch.py). Both backends apply into `self.sm`, a StateMachine."""
+    def applied_index(self, keys=()) -> int:
+        """The last log index applied on this node (of the group serving `keys`): what a
+        WATCH remembers (fsm/watch.py). Both backends apply into `self.sm`, a StateMachine."""
         return self.sm.applied_index
 
 

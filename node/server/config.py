@@ -10,6 +10,7 @@
                [--tls-cert F --tls-key F --tls-ca F [--tls-require-client-cert]]
                [--tick-ms 100] [--election-ticks 10] [--snapshot-entries 10000]
                [--log-level warning] [--log-json]
+               [--groups 1]                             data Raft groups the 16384 slots are split over
 
 TOML keys are the flag names without the dashes, `-` or `_` alike
 (`cluster-id` or `cluster_id`). `peers` / `resp-peers` take the flag's string
@@ -52,6 +53,7 @@ FSYNC_MODES = ("always", "batch", "never")
 CLUSTER_STATES = ("new", "existing")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_NODES = 64                 # voters in one group; Raft beyond ~7 is unusual, 64 is a sanity bound
+MAX_GROUPS = 1024             # data groups per cluster (each holds a WAL and a driver on every replica)
 MAX_CONFIG_BYTES = 1 << 20     # a node.toml larger than this is not a config file
 
 
@@ -90,6 +92,9 @@ class NodeConfig:
     client_memory_bytes: int = 1 << 30         # node-wide bytes of client requests (server/client_memory.py)
     log_level: str = "warning"
     log_json: bool = False
+    # Data groups of a new cluster (placement.initial_layout): fixed at the founding start and
+    # kept in DATA/slot-map.json; a later start with another value is refused (slot_map_store.py).
+    groups: int = 1
 
     def addresses(self) -> dict:
         """node id -> NodeAddresses, for redirects and CLUSTER SLOTS. This
@@ -155,6 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--client-memory-bytes", type=int,
                    help="bytes of client requests held at once, node-wide (default 1 GiB): RESP stops "
                         "reading, gRPC answers BUSY (retriable) beyond it")
+    p.add_argument("--groups", type=int,
+                   help="data Raft groups the 16384 slots are split over (default 1). Fixed when the "
+                        "cluster is founded: every founding node must get the same value, and a later "
+                        "start with another one is refused")
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default warning: quiet")
     p.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     return p
@@ -230,6 +239,7 @@ def build(values: dict) -> NodeConfig:
     # Heartbeats go every tick; an election timeout of one tick would elect on every hiccup.
     v["election_ticks"] = _int(v["election_ticks"], "election-ticks", 3, 10_000)
     v["snapshot_entries"] = _int(v["snapshot_entries"], "snapshot-entries", 1, 1 << 40)
+    v["groups"] = _int(v["groups"], "groups", 1, MAX_GROUPS)
     v["client_memory_bytes"] = _int(v["client_memory_bytes"], "client-memory-bytes", 1 << 20, 1 << 50)
     tls = [v.get(k) for k in ("tls_cert", "tls_key", "tls_ca")]
     if any(tls) and not all(tls):

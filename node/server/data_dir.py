@@ -4,7 +4,8 @@
     DIR/node.json                identity: {"cluster_id", "node_id", "incarnation": 32 hex digits,
                                  "bootstrap_pending": bool}
     DIR/peer-incarnations.json   the incarnation of every peer this node has accepted (incarnation.py)
-    DIR/group-1/                 the Raft group's WAL and snapshots
+    DIR/group-<g>/               each hosted Raft group's WAL and snapshots (group-1 alone with --groups 1)
+    DIR/slot-map.json            the slot map the cluster was founded with (slot_map_store.py)
 
 Why: a node whose disk was wiped and that simply starts again as one of
 --peers votes with no log: it has forgotten the votes it cast and the
@@ -60,11 +61,21 @@ def _identity_doc(cfg: NodeConfig, incarnation: bytes, bootstrap_pending: bool) 
 
 
 def _has_raft_data(group_dir: str) -> bool:
-    """True if the group dir holds a WAL segment (every opened group has one)."""
+    """True if the group dir, or any other group-* dir beside it (a node hosting many
+    data groups: --groups), holds a WAL segment (every opened group has one)."""
+    parent = os.path.dirname(os.path.abspath(group_dir))
     try:
-        return any(name.startswith("wal-") for name in os.listdir(os.path.join(group_dir, "wal")))
+        dirs = [group_dir] + [os.path.join(parent, d) for d in sorted(os.listdir(parent))
+                              if d.startswith("group-")]
     except FileNotFoundError:
         return False
+    for d in dirs:
+        try:
+            if any(name.startswith("wal-") for name in os.listdir(os.path.join(d, "wal"))):
+                return True
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return False
 
 
 def _lost_disk_message(cfg: NodeConfig, what: str) -> str:

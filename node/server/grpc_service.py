@@ -32,6 +32,11 @@ info.py exactly as the RESP server builds it (the node passes its RespServer
 as `info_server`, so the numbers are the same; INFO raft is backend.raft_info()),
 CLUSTER SLOTS/SHARDS/NODES/INFO/MYID/KEYSLOT (cluster_cmds) and COMMAND.
 
+ClusterLayout: the node's slot map (any node answers; the SDK routes by it) with
+the leader and term this node knows for each group it hosts (0 for the others).
+NOT_LEADER and MOVED errors name the leader of the KEY's group: ErrorDetail
+leader_id, leader_address (its gRPC address), slot and group_id.
+
 Deadlines: the gRPC deadline, or options.deadline_hint_ms when shorter.
 Nothing is proposed after it passed (TIMEOUT); a write still waiting for its
 result when it passes is UNKNOWN_OUTCOME; a blocking form is cut to it and
@@ -57,6 +62,7 @@ from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 
 from ..engine.errors import EngineError, wrong_arity
 from ..engine.replies import NULL_ARRAY
+from ..engine.slots import key_slot
 from ..engine.stream_args import parse_xread_args
 from ..fsm.blocking import is_blocking_form
 from ..fsm.errors import NotAWrite, StaleRequest
@@ -144,11 +150,15 @@ def _opt(msg, name):
 
 class XRaftService(pb_grpc.XRaftServicer):
     def __init__(self, backend, *, registry: BlockingRegistry | None = None, token: str | None = None,
-                 grpc_address_of=None, info_server=None, client_memory: ClientMemory | None = None):
+                 grpc_address_of=None, info_server=None, client_memory: ClientMemory | None = None,
+                 layout=None):
         """`grpc_address_of(addr)`: the gRPC address of the node whose RESP
         address the backend names as leader (identity by default).
-        `info_server`: the node's RespServer, whose figures INFO reports."""
+        `info_server`: the node's RespServer, whose figures INFO reports.
+        `layout()`: (SlotMap, {group id: (leader id, term)}, node id) for ClusterLayout
+        (None: the RPC answers UNIMPLEMENTED)."""
         self.backend = backend
+        self._layout = layout
         # Node-wide bytes of client requests (client_memory.py): the RESP server's, when there is one.
         if client_memory is None:
             client_memory = getattr(info_server, "client_memory", None) or ClientMemory()
@@ -167,11 +177,15 @@ class XRaftService(pb_grpc.XRaftServicer):
     def _on_role_change(self) -> None:
         """Deposed: blocked writes and linearizable reads end with NOT_LEADER
         (never a silent empty reply); follower reads keep waiting."""
-        if self.backend.is_leader():
-            return
-        error = NotLeader(self.backend.leader_address())
-        self.registry.fail_where(
-            lambda w: error if isinstance(w.owner, _Call) and (w.owner.write or w.owner.linearizable) else None)
+        backend = self.backend
+
+        def deposed(w):
+            if not (isinstance(w.owner, _Call) and (w.owner.write or w.owner.linearizable)) or not w.keys:
+                return None
+            # The group of the waiter's keys (one group serves them all: routing refused others).
+            target = backend.redirect_for(key_slot(bytes(w.keys[0])))
+            return None if target is None else NotLeader(target or None)
+        self.registry.fail_where(deposed)
 
     def _begin(self, options, context) -> _Call:
         metadata = dict(context.invocation_metadata() or ())
@@ -201,7 +215,8 @@ class XRaftService(pb_grpc.XRaftServicer):
         leader = None
         if isinstance(exc, NotLeader):
             message = exc.message
-            leader = self._grpc_address_of(exc.leader_address) if exc.leader_address else None
+            leader = getattr(exc, "grpc_address", None) or (
+                self._grpc_address_of(exc.leader_address) if exc.leader_address else None)
         elif isinstance(exc, StaleRequest) or (isinstance(exc, EngineError) and _ALREADY_APPLIED.match(exc.message)):
             # The request id's first attempt is too old to tell, or was applied
             # with a reply too large to keep: either way not a plain failure.
@@ -216,10 +231,16 @@ class XRaftService(pb_grpc.XRaftServicer):
         row = wire_for_message(message)
         detail = pb.ErrorDetail(reason=row.reason, message=message[:4096], retriable=row.retriable,
                                 leader_address=(leader or "")[:256])
+        if isinstance(exc, NotLeader):
+            # The key's group (sharded_backend / raft_backend set these; absent: unknown).
+            detail.leader_id = getattr(exc, "leader_id", 0) or 0
+            detail.group_id = getattr(exc, "group_id", 0) or 0
+            if getattr(exc, "slot", None) is not None:
+                detail.slot = exc.slot
         parts = message.split(" ")
         if row.reason in ("MOVED", "ASK") and len(parts) == 3 and parts[1].isdigit():
             detail.slot = int(parts[1])
-            detail.leader_address = parts[2][:256]
+            detail.leader_address = (self._grpc_address_of(parts[2]) or parts[2])[:256]
         return grpc.StatusCode[row.grpc_status], detail
 
     async def _abort(self, context, exc: BaseException, call: _Call | None):
@@ -572,6 +593,14 @@ class XRaftService(pb_grpc.XRaftServicer):
             return pb.ExecuteResponse(reply=cv.value_pb(await self._execute(call, list(request.argv))))
         return await self._handle(request, context, body)
 
+    async def ClusterLayout(self, request, context):
+        if self._layout is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no slot map")
+
+        async def body(call):
+            return layout_pb(*self._layout())
+        return await self._handle(request, context, body)
+
     # -- streaming (grpc_streams.py) ----------------------------------------------------------
 
     # Async generator functions taking (service, request, context): as class
@@ -583,6 +612,20 @@ class XRaftService(pb_grpc.XRaftServicer):
 
 _SERVER_EXECUTE = {b"ping": XRaftService._server_ping, b"info": XRaftService._server_info,
                    b"cluster": XRaftService._server_cluster, b"command": XRaftService._server_command}
+
+
+def layout_pb(slot_map, leaders: dict, node_id: int) -> pb.ClusterLayoutResponse:
+    """ClusterLayoutResponse of a cluster/slot_map.SlotMap, {group id: (leader id, term)} and
+    the answering node's id."""
+    out = pb.ClusterLayoutResponse(epoch=slot_map.epoch, node_id=node_id)
+    for n in sorted(slot_map.nodes.values(), key=lambda n: n.node_id):
+        out.nodes.add(id=n.node_id, grpc=n.grpc, resp=n.resp, state=n.state.value)
+    for gid, g in sorted(slot_map.groups.items()):
+        lead, term = leaders.get(gid, (0, 0))
+        out.groups.add(id=gid, leader=lead, term=term, voters=g.voters, learners=g.learners,
+                       preferred_leader=g.preferred_leader,
+                       slots=[pb.SlotRange(first=a, last=b) for a, b in slot_map.ranges(gid)])
+    return out
 
 
 def _check_arity(name: str, argv) -> None:

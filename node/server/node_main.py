@@ -3,9 +3,15 @@
     grpc.aio server on --grpc     XRaft client API (grpc_service), Peer API (GrpcTransport),
                                   grpc.health.v1 (SERVING while a leader is known), reflection
     RESP server on --resp         redis clients (resp_server)
-    MultiRaft                     group 1 owns all 16384 slots; WAL + snapshots in
-                                  --data-dir/group-1; bootstraps --peers as voters only on
-                                  the first start with --initial-cluster-state new (data_dir.py)
+    MultiRaft                     one data group per slot map group this node replicates
+                                  (--groups G, default 1: group 1 owns all 16384 slots);
+                                  WAL + snapshots in --data-dir/group-<g>; bootstraps each
+                                  group's voters only on the first start with
+                                  --initial-cluster-state new (data_dir.py); the map is
+                                  DATA/slot-map.json (slot_map_store.py)
+    backend                       --groups 1: the group's RaftBackend; more: ShardedBackend
+                                  (sharded_backend.py) routing each request by its keys' slot
+    LeaderBalancer                leaders move to each group's preferred node (leader_balance.py)
 
 Start-up: validate everything (config, secret, TLS files, token) before
 touching the data dir; lock the data dir (a second process on the same
@@ -50,6 +56,8 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from ...proto.v1 import client_pb2, client_pb2_grpc, peer_pb2
+from ..cluster.slot_map import SlotMap
+from ..fsm.slot_owner import OwnedSlots
 from ..raft.types import StateRole
 from ..runtime.disk_storage import DiskStorageOptions
 from ..runtime.grpc_transport import GrpcTransport, TlsConfig, TransportError, server_options
@@ -58,17 +66,20 @@ from ..runtime.peer_auth import DEFAULT_SECRET_ENV, SecretError, load_secret
 from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
 from . import logging_setup
-from .backend import split_address
+from .backend import Backend, split_address
 from .client_memory import ClientMemory
 from .config import ConfigError, NodeConfig, parse_args
 from .data_dir import DataDir, StartError, open_data_dir
 from .grpc_service import XRaftService
+from .leader_balance import LeaderBalancer
 from .raft_backend import RaftBackend
 from .resp_server import RespServer
+from .sharded_backend import ShardedBackend
+from .slot_map_store import load_slot_map
 
 log = logging.getLogger("xraft.node")
 
-GROUP_ID = 1
+GROUP_ID = 1                # the only group with --groups 1 (its data dir: DATA/group-1)
 SECRET_ENV = DEFAULT_SECRET_ENV      # one name, owned by peer_auth (the CLI documents it)
 DRAIN_S = 2.0               # step 2: in-flight proposals may still commit
 TRANSFER_WAIT_S = 1.5       # step 3: leadership hand-over
@@ -90,8 +101,8 @@ def _read_token(path: str) -> str:
     return token
 
 
-def group_dir(cfg: NodeConfig) -> str:
-    return os.path.join(cfg.data_dir, "group-%d" % GROUP_ID)
+def group_dir(cfg: NodeConfig, group_id: int = GROUP_ID) -> str:
+    return os.path.join(cfg.data_dir, "group-%d" % group_id)
 
 
 def warn_unauthenticated(cfg: NodeConfig, token: Optional[str]) -> None:
@@ -110,16 +121,20 @@ def warn_unauthenticated(cfg: NodeConfig, token: Optional[str]) -> None:
 
 class Node:
     def __init__(self, cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: Optional[str],
-                 data: DataDir):
+                 data: DataDir, layout: SlotMap):
         self.cfg = cfg
         self.data = data
+        self.layout = layout
+        self.backends: dict[int, RaftBackend] = {}    # every hosted group's, by group id
+        self.balancer: Optional[LeaderBalancer] = None
+        self._balance_task: Optional[asyncio.Task] = None
         self.secret = secret
         self.tls = tls
         self.token = token
         self.stop = asyncio.Event()
         self.exit_code = EXIT_OK
         self.mr: Optional[MultiRaft] = None
-        self.backend: Optional[RaftBackend] = None
+        self.backend: Optional[Backend] = None     # what the front ends use (module doc)
         self.server: Optional[grpc.aio.Server] = None
         self.resp: Optional[RespServer] = None
         self.health = health_aio.HealthServicer()
@@ -141,26 +156,36 @@ class Node:
         # Writes wait for a proposal to apply at most this long: enough for several
         # elections, short enough that a client hears UNKNOWN_OUTCOME and not silence.
         election_s = cfg.election_ticks * cfg.tick_ms / 1000
-        self.backend = RaftBackend(cfg.id, addresses, propose_timeout_s=max(10.0, 4 * election_s),
-                                   read_timeout_s=max(5.0, 2 * election_s),
-                                   leader_ready_timeout_s=max(5.0, 2 * election_s),
-                                   warm_up_retry_s=min(0.05, cfg.tick_ms / 1000),
-                                   leader_settle_s=2 * election_s,
-                                   peer_clock_skews=transport.peer_clock_skews)
-        # Every handshake reads a peer's clock: replicated time stays within the group's (C6).
-        transport.add_clock_listener(self.backend.cap_time_by_group)
-        self.backend.add_failure_listener(self._on_group_failed)
-        self.backend.add_role_listener(self._update_health)
-
-        # The group first: recovery reads the whole WAL, and no listener should
+        # The groups first: recovery reads every WAL, and no listener should
         # accept clients before the state they would read exists.
         await self.mr.start()
-        # --peers become the voters only on a founding start (data_dir.py); otherwise the
-        # group's configuration comes from its own log and snapshot.
-        driver = await self.mr.add_group(GROUP_ID, group_dir(cfg), self.backend.machine,
-                                         bootstrap_voters=tuple(cfg.peers) if self.data.bootstrap else ())
+        hosted = self.layout.groups_of_node(cfg.id)
+        if not hosted:
+            raise StartError(f"node {cfg.id} replicates no group of the slot map")
+        for gid in hosted:
+            spec = self.layout.groups[gid]
+            b = RaftBackend(cfg.id, addresses, propose_timeout_s=max(10.0, 4 * election_s),
+                            read_timeout_s=max(5.0, 2 * election_s),
+                            leader_ready_timeout_s=max(5.0, 2 * election_s),
+                            warm_up_retry_s=min(0.05, cfg.tick_ms / 1000),
+                            leader_settle_s=2 * election_s,
+                            peer_clock_skews=transport.peer_clock_skews,
+                            group_id=gid, owned=OwnedSlots.from_ranges(self.layout.ranges(gid)))
+            # Every handshake reads a peer's clock: replicated time stays within the group's (C6).
+            transport.add_clock_listener(b.cap_time_by_group)
+            b.add_failure_listener(lambda exc, gid=gid: self._on_group_failed(gid, exc))
+            b.add_role_listener(self._update_health)
+            # The group's voters are written only on a founding start (data_dir.py); otherwise
+            # its configuration comes from its own log and snapshot.
+            driver = await self.mr.add_group(gid, group_dir(cfg, gid), b.machine,
+                                             bootstrap_voters=spec.voters if self.data.bootstrap else ())
+            b.attach(driver)
+            self.backends[gid] = b
         self.data.mark_bootstrapped()
-        self.backend.attach(driver)
+        if cfg.groups == 1:
+            self.backend = self.backends[GROUP_ID]    # exactly the one-group node of before
+        else:
+            self.backend = ShardedBackend(cfg.id, addresses, self.layout, self.backends)
 
         host, port = split_address(cfg.resp)
         # Built (not started) before the gRPC service: INFO over gRPC reports its figures.
@@ -171,7 +196,7 @@ class Node:
         server = grpc.aio.server(options=server_options(transport.limits))
         client_pb2_grpc.add_XRaftServicer_to_server(
             XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get,
-                         info_server=self.resp), server)
+                         info_server=self.resp, layout=self.layout_view), server)
         transport.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((
@@ -196,12 +221,22 @@ class Node:
         except OSError as exc:
             raise StartError(f"cannot listen on --resp {cfg.resp}: {exc}") from None
         self._update_health()
+        if len(self.layout.groups) > 1:
+            self.balancer = LeaderBalancer(cfg.id, self.layout, self.backends, interval_s=max(0.2, election_s),
+                                           cooldown_s=max(2.0, 5 * election_s))
+            self._balance_task = asyncio.get_running_loop().create_task(self.balancer.run())
         warn_unauthenticated(cfg, self.token)
         log.warning("xraft-node %d ready grpc=%s resp=%s", cfg.id, cfg.grpc, cfg.resp)
 
+    def layout_view(self) -> tuple:
+        """(the slot map, {group id: (leader id, term)} this node knows, its id): ClusterLayout."""
+        return self.layout, {gid: b.leader_term() for gid, b in self.backends.items()}, self.cfg.id
+
     # -- health -----------------------------------------------------------------------
     def _update_health(self) -> None:
-        serving = self.backend is not None and self.backend.leader_id() != 0 and not self.stop.is_set()
+        """SERVING while every hosted group knows a leader."""
+        serving = (self.backend is not None and all(b.leader_id() != 0 for b in self.backends.values())
+                   and not self.stop.is_set())
         if serving == self._serving:
             return
         self._serving = serving
@@ -214,8 +249,8 @@ class Node:
         for name in ("", client_pb2.DESCRIPTOR.services_by_name["XRaft"].full_name):
             await self.health.set(name, status)
 
-    def _on_group_failed(self, exc: BaseException) -> None:
-        log.critical("raft group %d failed (%r): shutting down for a restart from disk", GROUP_ID, exc)
+    def _on_group_failed(self, group_id: int, exc: BaseException) -> None:
+        log.critical("raft group %d failed (%r): shutting down for a restart from disk", group_id, exc)
         self.exit_code = EXIT_FAILED
         self.stop.set()
 
@@ -232,15 +267,10 @@ class Node:
         self._serving = None
         if self.server is not None:
             await self._set_health(False)
-        b = self.backend
-        if b is not None:
-            await b.close()
-            if b.driver is not None:
-                if not await b.drain(DRAIN_S):
-                    log.warning("writes still in flight after %.1fs: they end UNKNOWN_OUTCOME", DRAIN_S)
-                await self._hand_over_leadership()
-                # Blocked clients hear about the new leader (a redirect) before we close.
-                b.refresh()
+        if self._balance_task is not None:
+            self._balance_task.cancel()
+        if self.backends:
+            await asyncio.gather(*(self._stop_group(b) for b in self.backends.values()))
         if self.mr is not None and self.mr.loop is not None:
             await self.mr.close()
         closers = []
@@ -256,8 +286,19 @@ class Node:
         if not await self.resp.shutdown(GRACE_S):
             log.info("some RESP clients did not take their last replies within %.1fs", GRACE_S)
 
-    async def _hand_over_leadership(self) -> None:
-        d = self.backend.driver
+    async def _stop_group(self, b: RaftBackend) -> None:
+        """Steps 1-3 of the module doc for one group (the groups go in parallel)."""
+        await b.close()
+        if b.driver is not None:
+            if not await b.drain(DRAIN_S):
+                log.warning("group %d: writes still in flight after %.1fs: they end UNKNOWN_OUTCOME",
+                            b.group_id, DRAIN_S)
+            await self._hand_over_leadership(b)
+            # Blocked clients hear about the new leader (a redirect) before we close.
+            b.refresh()
+
+    async def _hand_over_leadership(self, b: RaftBackend) -> None:
+        d = b.driver
         if d.failed is not None or not d.is_leader():
             return
         progress = d.raft_status().progress
@@ -278,13 +319,18 @@ class Node:
         r = d.rn.raft
         while loop.time() < deadline and (r.state == StateRole.LEADER or r.lead in (0, self.cfg.id)):
             await asyncio.sleep(0.02)
-        log.info("leadership %s to node %d", "handed" if d.rn.raft.state != StateRole.LEADER else "NOT handed",
-                 target)
+        log.info("group %d: leadership %s to node %d", b.group_id,
+                 "handed" if d.rn.raft.state != StateRole.LEADER else "NOT handed", target)
 
 
 async def run(cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: Optional[str]) -> int:
     data = open_data_dir(cfg, group_dir(cfg))
-    node = Node(cfg, secret, tls, token, data)
+    try:
+        layout = load_slot_map(cfg, data.bootstrap)
+    except StartError:
+        data.close()
+        raise
+    node = Node(cfg, secret, tls, token, data, layout)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node.request_stop, sig.name)

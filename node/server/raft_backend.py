@@ -93,6 +93,7 @@ from ..engine.keyspace import EngineConfig
 from ..engine.slots import SLOT_COUNT
 from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, encode_record
 from ..fsm.resolve import TimeStamper
+from ..fsm.slot_owner import OwnedSlots
 from ..fsm.state_machine import StateMachine
 from ..invariant import invariant
 from ..raft.types import StateRole
@@ -188,11 +189,12 @@ class RaftBackend(Backend):
                  propose_timeout_s: float = 10.0, read_timeout_s: float = 5.0,
                  leader_ready_timeout_s: float = 5.0, warm_up_retry_s: float = 0.05,
                  leader_settle_s: float = 2.0, max_pending_requests: int = 100_000,
-                 max_records_in_flight: int = 1):
+                 max_records_in_flight: int = 1, group_id: int = 1, owned: Optional[OwnedSlots] = None):
         invariant(raft_id in addresses, "this node's addresses are known")
         self.raft_id = raft_id
+        self.group_id = group_id           # the Raft group this backend drives (named in NotLeader)
         self.addresses: dict[int, NodeAddresses] = dict(addresses)
-        self.sm = StateMachine(config)
+        self.sm = StateMachine(config, owned=owned)
         self.machine = FsmAdapter(self.sm, self._on_ready_keys, self._on_applied_time)
         self.driver: Optional[drv.GroupDriver] = None
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
@@ -293,6 +295,10 @@ class RaftBackend(Backend):
         if r is None:
             return StateRole.FOLLOWER, 0, 0
         return r.state, r.lead, r.term
+
+    def writable(self) -> bool:
+        """A settled leader: its term's first commit is applied here, writes go at once."""
+        return self._writable()
 
     def _writable(self) -> bool:
         r = self._core()
@@ -438,6 +444,7 @@ class RaftBackend(Backend):
         exc = NotLeader(self._resp_of(lead) if lead else None)
         exc.grpc_address = self._grpc_of(lead) if lead else None
         exc.leader_id = lead
+        exc.group_id = self.group_id
         return exc
 
     # -- Backend: listeners, role, routing ----------------------------------------------
@@ -484,10 +491,22 @@ class RaftBackend(Backend):
             self.node_id = cluster_node_id(resp)
 
     def shards(self) -> list:
-        lead = self.leader_id()
+        shard = self.shard(((0, SLOT_COUNT - 1),))
+        return [shard] if shard is not None else []
+
+    def leader_term(self) -> tuple:
+        """(leader id, term) as this replica knows them; (0, term) while none is known."""
+        _, lead, term = self._raw_view()
+        return lead, term
+
+    def shard(self, slot_ranges: tuple, fallback_leader: int = 0) -> Optional[Shard]:
+        """The group as one Shard over `slot_ranges`: the leader (master) first, then the
+        other voters. No leader known: `fallback_leader` is shown as the master (a sharded
+        node keeps every slot covered), or None without one."""
+        lead = self.leader_id() or fallback_leader
         leader_resp = self._resp_of(lead) if lead else None
         if not leader_resp:
-            return []                     # no leader known: no slot is served
+            return None                   # no leader known: no slot is served
         d = self.driver
         progress = d.raft_status().progress if self.is_leader() else {}
         voters = sorted(set(d.conf_state.voters) | {lead})
@@ -506,7 +525,7 @@ class RaftBackend(Backend):
                 offset, healthy = 0, True
             nodes.append(NodeInfo(cluster_node_id(resp), host, port, "master" if nid == lead else "slave",
                                   myself=nid == self.raft_id, healthy=healthy, replication_offset=offset))
-        return [Shard(((0, SLOT_COUNT - 1),), tuple(nodes))]
+        return Shard(tuple(slot_ranges), tuple(nodes))
 
     def raft_info(self) -> dict:
         d = self.driver

@@ -536,7 +536,7 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
             return CommandError("ERR xraft: too many watched keys (limit %d)" % MAX_WATCHED_KEYS)
         # Every entry up to this index is applied here, so the client's reads
         # after this WATCH see them; any later change of a key aborts its EXEC.
-        index = backend.applied_index()
+        index = backend.applied_index(keys)        # the keys' group's (one group: the node's)
         for k in new:
             self.watched[k] = index                # a key watched again keeps its first index
         return OK

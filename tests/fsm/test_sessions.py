@@ -114,10 +114,19 @@ def test_sessions_full_frees_up_only_by_expiry():
 def test_xraft_register_command_resolves_to_a_register_request():
     assert resolve_command(0, 0, [b"xraft.REGISTER", b"42"]).request == Request.register(42)
     for bad in ([b"XRAFT.REGISTER"], [b"XRAFT.REGISTER", b"0"], [b"XRAFT.REGISTER", b"-1"],
-                [b"XRAFT.REGISTER", b"18446744073709551616"], [b"XRAFT.REGISTER", b"x"]):
+                [b"XRAFT.REGISTER", b"18446744073709551616"], [b"XRAFT.REGISTER", b"x"],
+                [b"XRAFT.REGISTER", b"1", b"SLOT"], [b"XRAFT.REGISTER", b"1", b"SLOT", b"16384"],
+                [b"XRAFT.REGISTER", b"1", b"SLOTS", b"5"], [b"XRAFT.REGISTER", b"1", b"SLOT", b"-1"]):
         with pytest.raises(Exception) as e:
             resolve_command(0, 0, bad)
         assert e.value.message.startswith("ERR ")
+
+
+def test_xraft_register_names_the_group_by_a_slot_that_is_not_in_the_record():
+    req = resolve_command(0, 0, [b"XRAFT.REGISTER", b"42", b"slot", b"16383"]).request
+    assert req == Request.register(42) and req.route_slot == 16383
+    assert resolve_command(0, 0, [b"XRAFT.REGISTER", b"42"]).request.route_slot is None
+    assert encode_record(1, [req]) == encode_record(1, [Request.register(42)])
 
 
 def _v1_snapshot(applied, now_ms, clients, keyspace):

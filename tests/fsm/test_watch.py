@@ -128,7 +128,9 @@ def _pre_watch_snapshot(sm) -> bytes:
     sess_len = struct.unpack_from(">I", body, head - 4)[0]
     ver_at = head + sess_len
     ver_len = struct.unpack_from(">I", body, ver_at)[0]
-    body = body[:4] + b"\x00\x02" + body[6:ver_at] + body[ver_at + 4 + ver_len:]
+    own_at = ver_at + 4 + ver_len             # version 4's owned slots: empty (every slot) here
+    assert body[own_at:own_at + 4] == b"\x00\x00\x00\x00"
+    body = body[:4] + b"\x00\x02" + body[6:ver_at] + body[own_at + 4:]
     return body + struct.pack(">I", zlib.crc32(body))
 
 
