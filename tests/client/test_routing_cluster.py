@@ -37,14 +37,16 @@ pytestmark = pytest.mark.skipif(not _node_supports_groups(), reason="xraft-node 
 
 
 def _ready_layout(client):
-    """The layout once every group has a leader (None before, or while nodes start)."""
+    """The layout once every group is led by its preferred node (where the nodes move
+    leaders after the start), None before."""
     try:
         layout = client.cluster_layout()
     except errors.NotSupportedError:
         pytest.skip("xraft-node does not serve ClusterLayout yet")
     except errors.XRaftError:
         return None
-    return layout if len(layout.groups) == GROUPS and all(g.leader for g in layout.groups) else None
+    settled = all(g.leader and g.leader == (g.preferred_leader or g.leader) for g in layout.groups)
+    return layout if len(layout.groups) == GROUPS and settled else None
 
 
 def _key_per_group(layout) -> dict:
@@ -75,7 +77,7 @@ def sharded(cluster_factory):  # noqa: F811
 def test_writes_go_straight_to_each_groups_leader_and_survive_a_leader_kill(sharded):
     seeds = [n.grpc for n in sharded.nodes.values()]
     with sync.Client(seeds[:1], timeout=30) as client:
-        layout = wait_until(lambda: _ready_layout(client), 30, "a leader in every group")
+        layout = wait_until(lambda: _ready_layout(client), 30, "every group led by its preferred node")
         assert client.routing_mode == "layout"
         assert len({g.leader for g in layout.groups}) == 3, layout       # leaders on every node
         keys = _key_per_group(layout)
@@ -125,7 +127,7 @@ def test_writes_go_straight_to_each_groups_leader_and_survive_a_leader_kill(shar
 def test_status_describes_the_layout(sharded):
     seed = sharded.nodes[2].grpc
     with sync.Client([seed], timeout=30) as client:
-        wait_until(lambda: _ready_layout(client), 30, "a leader in every group")
+        wait_until(lambda: _ready_layout(client), 30, "every group led by its preferred node")
     r = subprocess.run([sys.executable, "-m", "xraft.ops", "status", "--seed", seed, "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
