@@ -7,10 +7,15 @@ processes, 6 data groups (`--groups 6`), leaders spread over the nodes.
     write applied exactly once;
   * kill -9 of a node leading some groups: writes to those groups re-route to the
     new leaders, a consumer of a stream in such a group keeps receiving;
+  * a stale table (an older epoch) heals: redirects name the right leaders at
+    once and the background refresh installs the current layout;
+  * a BLPOP blocked in a group whose leader is killed re-routes and gets the
+    element pushed after the failover;
   * `xraftctl status --json` describes the same layout.
 
 Skipped where the node has no --groups / ClusterLayout (before the multigroup
 work is merged)."""
+import asyncio
 import json
 import signal
 import subprocess
@@ -21,7 +26,9 @@ import pytest
 
 from tests.cluster.conftest import cluster_factory, wait_until  # noqa: F401 - a fixture
 from xraft.client import errors, sync
+from xraft.client.routing import Layout
 from xraft.client.slots import key_slot
+from xraft.proto.v1 import client_pb2 as pb
 
 GROUPS = 6
 WRITES_PER_KEY = 20
@@ -49,8 +56,8 @@ def _ready_layout(client):
     return layout if len(layout.groups) == GROUPS and settled else None
 
 
-def _key_per_group(layout) -> dict:
-    """group id -> a key whose slot that group owns."""
+def _key_per_group(layout, prefix="stream") -> dict:
+    """group id -> a key ("<prefix>-<n>") whose slot that group owns."""
     owner = {}
     for g in layout.groups:
         for first, last in g.slots:
@@ -59,7 +66,7 @@ def _key_per_group(layout) -> dict:
     keys = {}
     i = 0
     while len(keys) < len(layout.groups):
-        key = f"stream-{i}"
+        key = f"{prefix}-{i}"
         keys.setdefault(owner[key_slot(key.encode())], key)
         i += 1
     return keys
@@ -144,3 +151,59 @@ def test_status_describes_the_layout(sharded):
     r = subprocess.run([sys.executable, "-m", "xraft.ops", "status", "--seed", seed],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("epoch "), r.stderr
+
+
+def test_a_stale_table_heals_by_redirects_and_a_refresh(sharded):
+    seeds = [n.grpc for n in sharded.nodes.values()]
+    with sync.Client(seeds[:1], timeout=30) as client:
+        layout = wait_until(lambda: _ready_layout(client), 30, "every group led by its preferred node")
+        keys = _key_per_group(layout)
+        # what a node of an older epoch could have said: one group, led by node 1, owns every slot
+        stale = pb.ClusterLayoutResponse(epoch=0)
+        for n in layout.nodes:
+            stale.nodes.add(id=n.id, grpc=n.grpc, resp=n.resp, state=n.state)
+        stale.groups.add(id=1, leader=1, term=1, voters=[1, 2, 3]).slots.add(first=0, last=16383)
+        aio = client._aio
+        client._run(_install(aio, Layout.from_pb(stale)))
+        assert aio._router.table.epoch == 0
+        before = client.redirects
+        elsewhere = [keys[g.id] for g in layout.groups if g.leader != 1]
+        for key in elsewhere:                          # the first one surely goes to the wrong node
+            client.xadd(key, {"n": "stale"})
+        # one hop each at most (the error names the leader), none once the refresh is in
+        assert 1 <= client.redirects - before <= len(elsewhere)
+        wait_until(lambda: aio._router.table.epoch == layout.epoch, 30, "the background refresh")
+        before = client.redirects
+        for key in keys.values():
+            client.xadd(key, {"n": "fresh"})
+        assert client.redirects == before
+
+
+async def _install(aio, layout):
+    aio._router.table = None                   # as a client that only ever saw the stale layout
+    aio._router.install(layout)
+
+
+def test_a_blocked_pop_follows_its_group_to_the_new_leader(sharded):
+    seeds = [n.grpc for n in sharded.nodes.values()]
+    with sync.Client(seeds, timeout=30) as client, sync.Client(seeds, timeout=30) as pusher:
+        layout = wait_until(lambda: _ready_layout(client), 30, "every group led by its preferred node")
+        group = layout.groups[-1]
+        key = _key_per_group(layout, "list")[group.id]
+        victim = sharded.nodes[group.leader]
+        # the pop runs on the sync client's loop while this thread kills and pushes
+        future = asyncio.run_coroutine_threadsafe(client._aio.blpop([key], block_ms=0), client._loop)
+        assert client.leader_for(key) == victim.grpc
+        # Sent once its request id is issued (the gRPC service's blocked calls are not in
+        # INFO): blocked at the victim, or about to be; either way it must re-route.
+        wait_until(lambda: client._aio._window._issued or future.done() and future.result(), 30, "the BLPOP sent")
+        assert not future.done()
+        victim.signal(signal.SIGKILL)
+        victim.wait_exit()
+        assert pusher.rpush(key, "after-kill") == 1
+        assert future.result(60) == (key.encode(), b"after-kill")
+        assert client.leader_for(key) != victim.grpc
+        assert pusher.llen(key) == 0                     # popped once, by the blocked call
+        victim.start()
+        victim.wait_ready()
+
