@@ -1,11 +1,14 @@
 """xraftctl status: the layout as a table and as JSON (from real ClusterLayoutResponse
-protobufs), and against real nodes: a node without ClusterLayout, no node at all,
-unreadable options. Each failure exits 1 with a sentence saying why."""
+protobufs); against a real one-group node; and the failures, each exit 1 with a
+sentence saying why: a server without ClusterLayout, no node at all, unreadable
+options. (A sharded cluster: tests/client/test_routing_cluster.py.)"""
+import json
 import subprocess
 import sys
 
 from click.testing import CliRunner
 
+from tests.client import ThreadServer
 from tests.cluster.conftest import cluster_factory, free_ports  # noqa: F401 - a fixture
 from xraft.client.routing import Layout
 from xraft.ops import cli, cluster_status
@@ -50,11 +53,20 @@ def test_json_is_the_documented_shape():
     assert data["groups"][1] == {"id": 2, "leader": None, "voters": [1, 2], "learners": [3], "slots": "5461-15999"}
 
 
-def test_a_node_without_cluster_layout_is_reported(cluster_factory):  # noqa: F811
+def test_a_one_group_node(cluster_factory):  # noqa: F811
     cluster = cluster_factory(1)
     cluster.start()
     node = cluster.wait_leader()
     r = _ctl("status", "--seed", node.grpc, "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["nodes"] == [{"id": 1, "grpc": node.grpc, "resp": node.resp, "state": "up"}]
+    assert [(g["leader"], g["voters"], g["slots"]) for g in data["groups"]] == [(1, [1], "0-16383")]
+
+
+def test_a_server_without_cluster_layout_is_reported():
+    with ThreadServer() as (address, _backend):        # the client API alone: no slot map to show
+        r = _ctl("status", "--seed", address, "--json")
     assert r.returncode == 1 and r.stdout == ""
     assert "does not serve ClusterLayout" in r.stderr and "without sharding" in r.stderr, r.stderr
 
