@@ -4,7 +4,7 @@ import random
 
 from hypothesis import given, strategies as st
 
-from tests.redis_oracle import RedisOracle
+from tests.redis_oracle import RedisOracle, free_port
 
 from xraft.client.slots import SLOT_COUNT, key_slot
 from xraft.node.engine import slots as node_slots
@@ -36,7 +36,8 @@ def test_same_slot_as_the_node(key):
 
 
 def test_same_slot_as_redis_server():
-    oracle = RedisOracle(["--cluster-enabled", "yes"])
+    # An explicit bus port: the default (port + 10000) may be taken, and redis exits.
+    oracle = RedisOracle(["--cluster-enabled", "yes", "--cluster-port", str(free_port())])
     try:
         rng = random.Random(10)
         pieces = [b"{", b"}", b"k", b"\x00", b"\xfe", b"user", b"{tag}"]
