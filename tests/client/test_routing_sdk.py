@@ -14,6 +14,8 @@ from xraft.client import errors
 from xraft.client.aio import Client
 from xraft.client.routing import Layout
 from xraft.client.slots import key_slot
+from xraft.node.fsm.sessions import DEFAULT_SESSION_TIMEOUT_MS
+from xraft.node.server.backend import LocalBackend
 from xraft.proto.v1 import client_pb2 as pb
 
 # Keys of the two halves of the slot space (checked below).
@@ -30,12 +32,11 @@ def two_group_layout(low_addr, high_addr) -> Layout:
 
 
 @contextlib.asynccontextmanager
-async def two_groups():
+async def two_groups(low_backend=None, high_backend=None, request_ids=False):
     """(client, low address, high address): two real servers, and a client whose
-    router holds two_group_layout over them (request_ids=False: today's servers
-    have no per-group sessions)."""
-    async with serving() as (low, _lb, _a), serving() as (high, _hb, _b):
-        async with Client([low], timeout=5, request_ids=False) as client:
+    router holds two_group_layout over them."""
+    async with serving(low_backend) as (low, _lb, _a), serving(high_backend) as (high, _hb, _b):
+        async with Client([low], timeout=5, request_ids=request_ids) as client:
             client._router.install(two_group_layout(low, high))
             yield client, low, high
 
@@ -131,3 +132,33 @@ def test_a_subscription_to_streams_of_two_groups_is_split_and_merged():
 async def _entry(client, key, sid):
     [entry] = await client.xrange(key, sid, sid)
     return entry
+
+
+class _Clocked(LocalBackend):
+    """A LocalBackend whose wall clock the test moves (sessions expire by it)."""
+
+    def __init__(self):
+        self.now = 1_700_000_000_000
+        super().__init__(clock=lambda: self.now)
+
+
+def test_sessions_are_registered_per_group_and_renewed_lazily():
+    async def body():
+        low_backend, high_backend = _Clocked(), _Clocked()
+        async with two_groups(low_backend, high_backend, request_ids=True) as (c, _low, _high):
+            await c.rpush(LOW, "a")
+            first = c.client_id
+            assert list(low_backend.sm.sessions.clients) == [first]
+            assert list(high_backend.sm.sessions.clients) == []        # nothing written there yet
+            await c.rpush(HIGH, "b")
+            await c.rpush(HIGH, "c")
+            assert list(high_backend.sm.sessions.clients) == [first]   # once per group, not per write
+            high_backend.now += DEFAULT_SESSION_TIMEOUT_MS + 1          # the high group's session expires
+            await c.rpush(HIGH, "d")                                     # refused, resent under a new id
+            second = c.client_id
+            assert second != first and list(high_backend.sm.sessions.clients) == [second]
+            assert list(low_backend.sm.sessions.clients) == [first]     # not re-registered eagerly...
+            await c.rpush(LOW, "e")
+            assert list(low_backend.sm.sessions.clients) == [first, second]   # ...but before its next write
+            assert await c.lrange(HIGH, 0, -1) == [b"b", b"c", b"d"] and await c.lrange(LOW, 0, -1) == [b"a", b"e"]
+    run(body)
