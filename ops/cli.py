@@ -68,7 +68,10 @@ dir_option = click.option("--dir", "dir_", required=True, envvar="XRAFT_LOCAL_DI
                    "Only for a new cluster; kept in cluster.json for restarts.")
 @click.option("--node-command", default=None, metavar="CMD",
               help="Command that runs a node (default: this Python with -m xraft.node.server.node_main).")
-def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command):
+@click.option("--groups", type=click.IntRange(1, lc.MAX_GROUPS), default=None,
+              help="Data Raft groups the slots are split over (default 1; for a new cluster only: "
+                   "leaders spread over the nodes).")
+def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command, groups):
     """Start a local cluster, or restart a stopped one from its data.
 
     A new cluster gets free ports, a random cluster id and a shared secret
@@ -80,7 +83,7 @@ def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command):
     """
     command = node_command.split() if node_command else None
     cluster = _run(lc.up, dir_, nodes=nodes, base_port=base_port, fsync=fsync, timeout=timeout,
-                   progress=_progress(), node_command=command, node_args=node_args)
+                   progress=_progress(), node_command=command, node_args=node_args, groups=groups)
     click.echo(lc.connection_help(cluster, lc.find_leader(cluster)))
 
 
@@ -101,7 +104,8 @@ def down(dir_, timeout):
 
 @local.command()
 @dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list (keys id, pid, alive, grpc, resp, role, ...).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON list (keys id, pid, alive, grpc, resp, role, leads (group ids), ...).")
 @click.option("--timeout", default=1.0, show_default=True, type=click.FloatRange(0.05, 30),
               help="Seconds to wait for each node's INFO raft.")
 def status(dir_, as_json, timeout):
@@ -112,11 +116,12 @@ def status(dir_, as_json, timeout):
         click.echo(json.dumps(rows, indent=2))
         return
     click.echo(f"cluster {cluster.cluster_id} in {cluster.dir} (last asked to be {cluster.state})")
-    header = f"{'ID':>3}  {'PID':>7}  {'ALIVE':5}  {'ROLE':9}  {'TERM':>5}  {'COMMIT':>7}  {'GRPC':21}  RESP"
+    header = f"{'ID':>3}  {'PID':>7}  {'ALIVE':5}  {'ROLE':9}  {'TERM':>5}  {'COMMIT':>7}  {'GRPC':21}  {'RESP':21}  LEADS"
     click.echo(header)
     for r in rows:
+        leads = ",".join(map(str, r["leads"])) if r["leads"] else "-"
         click.echo(f"{r['id']:>3}  {r['pid'] or '-':>7}  {'yes' if r['alive'] else 'no':5}  {r['role']:9}  "
-                   f"{_dash(r['term']):>5}  {_dash(r['commit_index']):>7}  {r['grpc']:21}  {r['resp']}")
+                   f"{_dash(r['term']):>5}  {_dash(r['commit_index']):>7}  {r['grpc']:21}  {r['resp']:21}  {leads}")
     leader = lc.leader_of(rows)
     click.echo(f"leader: node {leader['id']} (redis-cli -p {leader['resp'].rsplit(':', 1)[1]})" if leader
                else "leader: none known")

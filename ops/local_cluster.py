@@ -48,6 +48,7 @@ HOST = "127.0.0.1"
 DEFAULT_NODE_COMMAND = (sys.executable, "-m", "xraft.node.server.node_main")
 FSYNC_CHOICES = ("always", "batch", "never")
 LOG_TAIL_LINES = 15
+MAX_GROUPS = 1024          # the node's limit on --groups (node/server/config.py)
 
 Progress = Callable[[str], None]
 
@@ -78,6 +79,7 @@ class ClusterInfo:
     node_command: list = field(default_factory=lambda: list(DEFAULT_NODE_COMMAND))
     node_args: list = field(default_factory=list)  # extra arguments passed to every node verbatim
     fsync: Optional[str] = None
+    groups: int = 1         # data Raft groups (--groups); fixed when the cluster is founded
     state: str = "stopped"  # "running" after up, "stopped" after down: what the operator asked for
 
     def node(self, node_id: int) -> NodeInfo:
@@ -185,8 +187,11 @@ def pick_ports(count: int, base_port: Optional[int] = None, host: str = HOST) ->
 # -- creating a cluster and node arguments --------------------------------------
 
 def new_cluster(dir_: str, nodes: int, base_port: Optional[int] = None, fsync: Optional[str] = None,
-                node_command: Optional[Iterable[str]] = None, node_args: Iterable[str] = ()) -> ClusterInfo:
+                node_command: Optional[Iterable[str]] = None, node_args: Iterable[str] = (),
+                groups: int = 1) -> ClusterInfo:
     """Lay out a new cluster in dir_ (ports, cluster id, secret) and write cluster.json; starts nothing."""
+    if not 1 <= groups <= MAX_GROUPS:
+        raise LocalClusterError(f"--groups {groups}: expected 1 to {MAX_GROUPS}")
     if not 1 <= nodes <= 9:
         # Node ids are single digits in --peers examples; more than 9 local voters is never what you want.
         raise LocalClusterError(f"--nodes {nodes}: a local cluster has 1 to 9 nodes")
@@ -216,7 +221,7 @@ def new_cluster(dir_: str, nodes: int, base_port: Optional[int] = None, fsync: O
                               data_dir=str(node_dir / "data"), log=str(node_dir / "node.log"), founded=False))
     cluster = ClusterInfo(dir=str(root), cluster_id="local-" + secrets.token_hex(6), secret_file=str(secret_path),
                           nodes=infos, node_command=list(node_command or DEFAULT_NODE_COMMAND),
-                          node_args=list(node_args), fsync=fsync)
+                          node_args=list(node_args), fsync=fsync, groups=groups)
     save(cluster)
     return cluster
 
@@ -235,6 +240,8 @@ def node_argv(cluster: ClusterInfo, node: NodeInfo) -> list:
     ]
     if cluster.fsync:
         argv += ["--fsync", cluster.fsync]
+    if cluster.groups != 1:
+        argv += ["--groups", str(cluster.groups)]
     if not node.founded:
         argv += ["--initial-cluster-state", "new"]
     return argv + list(cluster.node_args)
@@ -400,9 +407,24 @@ def status(cluster: ClusterInfo, timeout: float = 1.0) -> list:
             "term": info.get("raft_term") if info else None,
             "commit_index": info.get("raft_commit_index") if info else None,
             "applied_index": info.get("raft_applied_index") if info else None,
+            "leads": groups_led(info) if info else None,
             "data_dir": node.data_dir, "log": node.log,
         })
     return rows
+
+
+def groups_led(info: dict) -> list:
+    """The data groups a node leads, from its INFO raft: a sharded node lists them
+    (raft_groups_led "1,4", which redis-py parses to a list, an int or ""); a one-group
+    node leads group 1 when its role is leader."""
+    if "raft_groups_led" not in info:
+        return [1] if info.get("raft_role") == "leader" else []
+    led = info["raft_groups_led"]
+    if isinstance(led, int):
+        return [led]
+    if isinstance(led, (list, tuple)):
+        return sorted(int(g) for g in led)
+    return sorted(int(g) for g in str(led).split(",") if g.strip())
 
 
 def leader_of(rows: list) -> Optional[dict]:
@@ -447,7 +469,7 @@ def _stop(cluster: ClusterInfo, nodes: list, timeout: float, progress: Progress)
 def up(dir_: str, nodes: int = 3, base_port: Optional[int] = None, fsync: Optional[str] = None,
        timeout: float = 30.0, progress: Progress = lambda _msg: None,
        node_command: Optional[Iterable[str]] = None, node_args: Iterable[str] = (),
-       wait_leader: bool = True) -> ClusterInfo:
+       wait_leader: bool = True, groups: Optional[int] = None) -> ClusterInfo:
     """Start the cluster in dir_: a new one if dir_ holds none; else restart its nodes that
     are not running, on the same ports and data (refused if all are running). Waits until
     every started node logged ready and (wait_leader) a leader is known; on failure stops
@@ -462,6 +484,8 @@ def up(dir_: str, nodes: int = 3, base_port: Optional[int] = None, fsync: Option
                 progress(f"{dir_} holds a {len(cluster.nodes)}-node cluster; restarting it as it is")
             if node_command or node_args:
                 progress("--node-command/--node-arg apply to new clusters only; using those in cluster.json")
+            if groups is not None and groups != cluster.groups:
+                progress(f"--groups {groups}: the cluster was founded with {cluster.groups} group(s); keeping them")
             to_start = [n for n in cluster.nodes if not is_alive(cluster, n)]
             if not to_start:
                 raise LocalClusterError(f"the cluster in {cluster.dir} is already running "
@@ -473,7 +497,7 @@ def up(dir_: str, nodes: int = 3, base_port: Optional[int] = None, fsync: Option
             else:
                 progress(f"restarting cluster {cluster.cluster_id} from disk in {cluster.dir}")
         else:
-            cluster = new_cluster(dir_, nodes, base_port, fsync, node_command, node_args)
+            cluster = new_cluster(dir_, nodes, base_port, fsync, node_command, node_args, groups or 1)
             to_start = list(cluster.nodes)
             progress(f"new cluster {cluster.cluster_id} in {cluster.dir}")
         started = []

@@ -308,6 +308,18 @@ class StateMachine:
         self.last_ready_keys = frozenset()
 
 
+def _u32_section(buf: bytes, pos: int, end: int, what: str):
+    """(the u32-length-prefixed section at pos, the position after it); it must leave room
+    for the keyspace length that follows every section."""
+    if end - pos < _U32.size:
+        raise CorruptSnapshot("%s length runs past the end" % what)
+    n = _U32.unpack_from(buf, pos)[0]
+    pos += _U32.size
+    if n > end - pos - _U64.size:
+        raise CorruptSnapshot("%s of %d bytes run past the end" % (what, n))
+    return buf[pos:pos + n], pos + n
+
+
 def _parse_snapshot(buf):
     if not isinstance(buf, (bytes, bytearray, memoryview)):
         raise CorruptSnapshot("snapshot is not bytes")
@@ -338,30 +350,18 @@ def _parse_snapshot(buf):
     if version < 3:
         versions = KeyVersions(floor=applied)
     else:
-        if end - pos < _U32.size:
-            raise CorruptSnapshot("versions length runs past the end")
-        ver_len = _U32.unpack_from(buf, pos)[0]
-        pos += _U32.size
-        if ver_len > end - pos - _U64.size:
-            raise CorruptSnapshot("versions of %d bytes run past the end" % ver_len)
+        raw, pos = _u32_section(buf, pos, end, "versions")
         try:
-            versions = KeyVersions.decode(buf[pos:pos + ver_len], applied)
+            versions = KeyVersions.decode(raw, applied)
         except CorruptVersions as e:
             raise CorruptSnapshot("versions: %s" % e) from None
-        pos += ver_len
     owned = OwnedSlots()
     if version >= 4:
-        if end - pos < _U32.size:
-            raise CorruptSnapshot("owned slots length runs past the end")
-        own_len = _U32.unpack_from(buf, pos)[0]
-        pos += _U32.size
-        if own_len > end - pos - _U64.size:
-            raise CorruptSnapshot("owned slots of %d bytes run past the end" % own_len)
+        raw, pos = _u32_section(buf, pos, end, "owned slots")
         try:
-            owned = OwnedSlots.decode(buf[pos:pos + own_len])
+            owned = OwnedSlots.decode(raw)
         except CorruptOwnedSlots as e:
             raise CorruptSnapshot("owned slots: %s" % e) from None
-        pos += own_len
     if end - pos < _U64.size:
         raise CorruptSnapshot("keyspace length runs past the end")
     ks_len = _U64.unpack_from(buf, pos)[0]

@@ -384,3 +384,42 @@ def test_e2e_real_nodes_failover_and_restart(cluster_dir):
     assert [e[0] for e in client.xrange("s")] == ids  # acknowledged before the crash, kept across restarts
     client.close()
     assert _ctl("local", "down", "--dir", cluster_dir).returncode == 0
+
+
+def test_node_argv_passes_groups_only_when_not_one(tmp_path):
+    one = lc.new_cluster(str(tmp_path / "a"), 3)
+    assert "--groups" not in lc.node_argv(one, one.node(1))     # the default: the node's own
+    six = lc.new_cluster(str(tmp_path / "b"), 3, groups=6)
+    argv = lc.node_argv(six, six.node(1))
+    assert argv[argv.index("--groups") + 1] == "6"
+    assert lc.load(six.dir).groups == 6                         # kept for restarts
+    with pytest.raises(lc.LocalClusterError, match="--groups 0"):
+        lc.new_cluster(str(tmp_path / "c"), 3, groups=0)
+
+
+def test_groups_led_from_info():
+    assert lc.groups_led({"raft_role": "leader"}) == [1]        # a one-group node
+    assert lc.groups_led({"raft_role": "follower"}) == []
+    assert lc.groups_led({"raft_role": "leader", "raft_groups_led": [4, 1]}) == [1, 4]
+    assert lc.groups_led({"raft_role": "leader", "raft_groups_led": 3}) == [3]
+    assert lc.groups_led({"raft_role": "follower", "raft_groups_led": ""}) == []
+
+
+def test_e2e_sharded_local_cluster_spreads_leaders(cluster_dir):
+    """up --groups 6 -> status --json: each of the 3 nodes ends up leading two groups."""
+    r = _ctl("local", "up", "--dir", cluster_dir, "--nodes", "3", "--groups", "6", "--timeout", "40")
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        deadline = time.monotonic() + 40
+        leads = None
+        while time.monotonic() < deadline:
+            rows = json.loads(_ctl("local", "status", "--dir", cluster_dir, "--json").stdout)
+            leads = {r["id"]: r["leads"] for r in rows}
+            if leads == {1: [1, 4], 2: [2, 5], 3: [3, 6]}:
+                break
+            time.sleep(0.3)
+        assert leads == {1: [1, 4], 2: [2, 5], 3: [3, 6]}
+        table = _ctl("local", "status", "--dir", cluster_dir).stdout
+        assert "LEADS" in table and " 1,4" in table
+    finally:
+        assert _ctl("local", "down", "--dir", cluster_dir).returncode == 0
