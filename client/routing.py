@@ -117,7 +117,7 @@ class RouteTable:
     def __init__(self, layout: Layout):
         self.layout = layout
         self.epoch = layout.epoch
-        grpc_of = {n.id: n.grpc for n in layout.nodes}
+        grpc_of = {n.id: n.grpc for n in layout.nodes if n.state != "removed"}   # a removed node serves nothing
         self._slot_group = [0] * SLOT_COUNT
         self._leader: dict[int, str | None] = {}       # group -> leader's gRPC address, None if unknown
         self._term: dict[int, int] = {}

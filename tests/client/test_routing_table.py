@@ -120,3 +120,11 @@ def test_json_shape_and_slot_text():
         "groups": [{"id": 1, "leader": 1, "voters": [1, 2, 3], "learners": [], "slots": "0-5460,7000"},
                    {"id": 2, "leader": None, "voters": [1, 2, 3], "learners": [3], "slots": "5461-6999,7001-16383"}]}
     assert format_ranges([]) == ""
+
+
+def test_a_removed_node_is_never_a_target():
+    m = layout_pb(groups=[(1, 3, 7, [(0, SLOT_COUNT - 1)])])
+    m.nodes[2].state = "removed"
+    t = RouteTable(Layout.from_pb(m))
+    assert t.addresses == (ADDR[1], ADDR[2])
+    assert {t.address_for(0, rotation) for rotation in range(3)} == {ADDR[1], ADDR[2]}
