@@ -26,6 +26,7 @@ import pytest
 
 from tests.cluster.conftest import cluster_factory, wait_until  # noqa: F401 - a fixture
 from xraft.client import errors, sync
+from xraft.client.router import REFRESH_MIN_INTERVAL_S
 from xraft.client.routing import Layout
 from xraft.client.slots import key_slot
 from xraft.proto.v1 import client_pb2 as pb
@@ -177,6 +178,32 @@ def test_a_stale_table_heals_by_redirects_and_a_refresh(sharded):
         for key in keys.values():
             client.xadd(key, {"n": "fresh"})
         assert client.redirects == before
+
+
+def test_refreshes_are_rate_limited_however_many_calls_are_redirected(sharded):
+    seeds = [n.grpc for n in sharded.nodes.values()]
+    # no request ids: the calls are not serialized behind one session registration
+    with sync.Client(seeds[:1], timeout=30, request_ids=False) as client:
+        layout = wait_until(lambda: _ready_layout(client), 30, "every group led by its preferred node")
+        elsewhere = [g.id for g in layout.groups if g.leader != 1]
+        keys = [k for gid, k in _key_per_group(layout, "burst").items() if gid in elsewhere]
+        stale = pb.ClusterLayoutResponse(epoch=0)
+        for n in layout.nodes:
+            stale.nodes.add(id=n.id, grpc=n.grpc, resp=n.resp, state=n.state)
+        stale.groups.add(id=1, leader=1, term=1, voters=[1, 2, 3]).slots.add(first=0, last=16383)
+        aio = client._aio
+        client._run(_install(aio, Layout.from_pb(stale)))
+        fetches, redirects = client.layout_fetches, client.redirects
+        started = time.monotonic()
+        async def burst():
+            await asyncio.gather(*(aio.xadd(keys[i % len(keys)], {"i": str(i)}) for i in range(200)))
+        asyncio.run_coroutine_threadsafe(burst(), client._loop).result(60)
+        elapsed = time.monotonic() - started
+        wait_until(lambda: aio._router.table.epoch == layout.epoch, 30, "the background refresh")
+        # every call of the burst was redirected, but the layout was asked for at most once per
+        # REFRESH_MIN_INTERVAL_S (each fetch asks up to 3 nodes), plus the one running at the end
+        assert client.redirects - redirects >= 100                # sent at once, to the wrong node
+        assert client.layout_fetches - fetches <= 3 * (elapsed / REFRESH_MIN_INTERVAL_S + 2)
 
 
 async def _install(aio, layout):
