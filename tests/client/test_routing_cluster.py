@@ -147,13 +147,7 @@ def test_a_stale_table_heals_by_redirects_and_a_refresh(sharded):
     with sync.Client(seeds[:1], timeout=30) as client:
         layout = wait_until(lambda: _ready_layout(client), 30, "every group led by its preferred node")
         keys = _key_per_group(layout)
-        # what a node of an older epoch could have said: one group, led by node 1, owns every slot
-        stale = pb.ClusterLayoutResponse(epoch=0)
-        for n in layout.nodes:
-            stale.nodes.add(id=n.id, grpc=n.grpc, resp=n.resp, state=n.state)
-        stale.groups.add(id=1, leader=1, term=1, voters=[1, 2, 3]).slots.add(first=0, last=16383)
-        aio = client._aio
-        client._run(_install(aio, Layout.from_pb(stale)))
+        aio = client._run(_install_stale(client, layout))
         assert aio._router.table.epoch == 0
         before = client.redirects
         elsewhere = [keys[g.id] for g in layout.groups if g.leader != 1]
@@ -175,14 +169,10 @@ def test_refreshes_are_rate_limited_however_many_calls_are_redirected(sharded):
         layout = wait_until(lambda: _ready_layout(client), 30, "every group led by its preferred node")
         elsewhere = [g.id for g in layout.groups if g.leader != 1]
         keys = [k for gid, k in _key_per_group(layout, "burst").items() if gid in elsewhere]
-        stale = pb.ClusterLayoutResponse(epoch=0)
-        for n in layout.nodes:
-            stale.nodes.add(id=n.id, grpc=n.grpc, resp=n.resp, state=n.state)
-        stale.groups.add(id=1, leader=1, term=1, voters=[1, 2, 3]).slots.add(first=0, last=16383)
-        aio = client._aio
-        client._run(_install(aio, Layout.from_pb(stale)))
+        aio = client._run(_install_stale(client, layout))
         fetches, redirects = client.layout_fetches, client.redirects
         started = time.monotonic()
+
         async def burst():
             await asyncio.gather(*(aio.xadd(keys[i % len(keys)], {"i": str(i)}) for i in range(200)))
         asyncio.run_coroutine_threadsafe(burst(), client._loop).result(60)
@@ -194,9 +184,17 @@ def test_refreshes_are_rate_limited_however_many_calls_are_redirected(sharded):
         assert client.layout_fetches - fetches <= 3 * (elapsed / REFRESH_MIN_INTERVAL_S + 2)
 
 
-async def _install(aio, layout):
+async def _install_stale(client, layout):
+    """Make `client` (sync) route by what a node of an older epoch could have said: one
+    group, led by node 1, owns every slot. Returns its async client."""
+    stale = pb.ClusterLayoutResponse(epoch=0)
+    for n in layout.nodes:
+        stale.nodes.add(id=n.id, grpc=n.grpc, resp=n.resp, state=n.state)
+    stale.groups.add(id=1, leader=1, term=1, voters=[1, 2, 3]).slots.add(first=0, last=16383)
+    aio = client._aio
     aio._router.table = None                   # as a client that only ever saw the stale layout
-    aio._router.install(layout)
+    aio._router.install(Layout.from_pb(stale))
+    return aio
 
 
 def test_a_blocked_pop_follows_its_group_to_the_new_leader(sharded):
