@@ -13,12 +13,14 @@ groups and prefers the leadership of two).
     - a --groups that disagrees with the stored map is refused at start.
 The kill -9 and restart-from-disk test is test_sharded_failover.py.
 """
+import os
 import subprocess
 
 import grpc
 import pytest
 import redis
 from google.rpc import status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis.cluster import RedisCluster
 
 from xraft.node.engine.slots import key_slot
@@ -100,33 +102,55 @@ def test_every_node_holds_the_same_layout_and_leads_two_groups(sharded):
         assert {n.id: n.grpc for n in lay.nodes} == {j: m.grpc for j, m in sharded.nodes.items()}
     strip = [[(g.id, [(r.first, r.last) for r in g.slots]) for g in lay.groups] for lay in layouts.values()]
     assert strip[0] == strip[1] == strip[2]
-    # Leaders as every node knows them: the preferred ones (wait_spread saw them settle).
-    for lay in layouts.values():
-        assert [g.leader for g in lay.groups] == [g.preferred_leader for g in lay.groups]
-        assert all(g.term >= 1 for g in lay.groups)
-    assert {i: led_groups(n) for i, n in sharded.nodes.items()} == {1: [1, 4], 2: [2, 5], 3: [3, 6]}
+    # Leaders as every node knows them: the preferred ones. (Awaited, not asserted at once: on a
+    # loaded machine a missed heartbeat may move a leader for a moment; the balancer brings it back.)
+    def preferred_everywhere():
+        lays = [layout(n) for n in sharded.nodes.values()]
+        return all([g.leader for g in lay.groups] == [g.preferred_leader for g in lay.groups]
+                   and all(g.term >= 1 for g in lay.groups) for lay in lays)
+    wait_until(preferred_everywhere, 30, "every node naming the preferred leaders")
+    wait_spread(sharded)
     # INFO's role is "leader" on a node leading some group; its raft lines name each group.
     inf = rclient(sharded.nodes[1]).info("raft")
     assert inf["raft_role"] == "leader" and inf["raft_groups"] == GROUPS
     assert inf["raft_group1"]["slots"] == "0-2730"
 
 
+def test_health_is_serving_once_every_hosted_group_knows_a_leader(sharded):
+    wait_spread(sharded)
+    for node in sharded.nodes.values():
+        with grpc.insecure_channel(node.grpc) as ch:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def cluster_view(node):
+    """(CLUSTER SLOTS as [first, last, master address], the raw slots reply, CLUSTER INFO,
+    the raw CLUSTER NODES text) of one node."""
+    with rclient(node, decode_responses=False) as r:
+        slots = r.execute_command("CLUSTER SLOTS")
+        info = r.execute_command("CLUSTER INFO")             # parsed by redis-py
+    nodes_txt = subprocess.run(["redis-cli", "-p", str(node.resp_port), "CLUSTER", "NODES"],
+                               capture_output=True, text=True, timeout=30).stdout  # the raw text
+    masters = [[s[0], s[1], "%s:%d" % (s[2][0].decode(), s[2][1])] for s in slots]
+    return masters, slots, info, nodes_txt
+
+
 def test_cluster_slots_cover_every_slot_with_each_group_led_where_it_is(sharded):
     resp_of = {n.id: n.resp for n in sharded.nodes.values()}
-    want = [[g.slots[0].first, g.slots[0].last, resp_of[g.leader]] for g in layout(sharded.nodes[1]).groups]
+    want = [[g.slots[0].first, g.slots[0].last, resp_of[g.preferred_leader]] for g in layout(sharded.nodes[1]).groups]
     for node in sharded.nodes.values():
-        with rclient(node, decode_responses=False) as r:
-            slots = r.execute_command("CLUSTER SLOTS")
-            info = r.execute_command("CLUSTER INFO")             # parsed by redis-py
-        nodes_txt = subprocess.run(["redis-cli", "-p", str(node.resp_port), "CLUSTER", "NODES"],
-                                   capture_output=True, text=True, timeout=30).stdout  # the raw text
-        got = [[s[0], s[1], "%s:%d" % (s[2][0].decode(), s[2][1])] for s in slots]
-        assert got == want
+        # Awaited: a leader moved for a moment by a missed heartbeat on a loaded machine comes back.
+        masters, slots, info, nodes_txt = wait_until(
+            lambda: (lambda v: v if v[0] == want else None)(cluster_view(node)), 30,
+            "node %d's CLUSTER SLOTS naming the preferred leaders" % node.id)
         assert all(len(s) == 5 for s in slots)              # master + two replicas each
         assert info["cluster_state"] == "ok" and int(info["cluster_slots_assigned"]) == 16384
         # CLUSTER NODES: the node is "myself,master" on its groups' lines, "myself,slave" on others.
         mine = [line for line in nodes_txt.splitlines() if "myself" in line]
-        assert sum("myself,master" in line for line in mine) == 2 and len(mine) == GROUPS
+        assert len(mine) == GROUPS
+        assert sorted(line.split()[-1] for line in mine if "myself,master" in line) == \
+            sorted("%d-%d" % (w[0], w[1]) for w in want if w[2] == node.resp)
 
 
 def test_redis_cluster_and_redis_cli_write_and_read_every_group(sharded):
@@ -145,6 +169,7 @@ def test_redis_cluster_and_redis_cli_write_and_read_every_group(sharded):
         finally:
             rc.close()
     # A plain client on a node that does not lead the key's group gets MOVED to the leader.
+    wait_spread(sharded)                                     # leaders where placement wants them
     with rclient(sharded.nodes[1]) as r:
         with pytest.raises(redis.exceptions.MovedError) as ei:
             r.xlen(keys[2])
@@ -188,6 +213,7 @@ def test_keyless_commands_answer_for_the_groups_the_node_leads(sharded):
     finally:
         rc.close()
     every = set()
+    wait_spread(sharded)
     for node in sharded.nodes.values():
         led = led_groups(node)
         with rclient(node) as r:
@@ -203,6 +229,7 @@ def test_keyless_commands_answer_for_the_groups_the_node_leads(sharded):
 def test_grpc_errors_name_the_keys_group_and_register_follows_the_slot(sharded):
     k = key_of_group(5, "grpc")                                # group 5 is led by node 2
     slot = key_slot(k.encode())
+    wait_spread(sharded)
     with grpc.insecure_channel(sharded.nodes[1].grpc) as ch:
         stub = pb_grpc.XRaftStub(ch)
         with pytest.raises(grpc.RpcError) as ei:
@@ -274,5 +301,36 @@ def test_more_nodes_than_replicas_each_node_hosts_its_groups_only(cluster_factor
         assert [(s[0], s[1], "%s:%d" % (s[2][0], s[2][1])) for s in slots] == \
             [(0, 4095, c.nodes[1].resp), (4096, 8191, c.nodes[2].resp),
              (8192, 12287, c.nodes[3].resp), (12288, 16383, c.nodes[4].resp)]
+    finally:
+        c.kill_all()
+
+
+def test_one_group_nodes_answer_cluster_layout_and_data_dirs_from_before_maps_still_start(cluster_factory):
+    """The default (--groups 1): ClusterLayout is one group of every slot with every peer a voter;
+    a data dir without slot-map.json (written before maps existed) restarts as that group."""
+    c = cluster_factory(3)
+    c.start()
+    try:
+        leader = c.wait_leader()
+        with rclient(leader) as r:
+            r.xadd("old", {"f": "v"})
+        lay = layout(c.nodes[1])
+        assert [(g.id, list(g.voters), [(s.first, s.last) for s in g.slots]) for g in lay.groups] == \
+            [(1, [1, 2, 3], [(0, 16383)])]
+        assert wait_until(lambda: layout(c.nodes[2]).groups[0].leader == leader.id, 10, "the leader known")
+        node = c.nodes[3]
+        node.signal(15)
+        assert node.wait_exit() == 0
+        os.remove(os.path.join(node.data_dir, "slot-map.json"))
+        node.extra_args = ["--groups", "2"]
+        node.start()
+        assert node.wait_exit() == 1 and "founded before slot maps" in node.log_text()
+        node.extra_args = []
+        node.start()
+        node.wait_ready()
+        assert [list(g.voters) for g in layout(node).groups] == [[1, 2, 3]]
+        with rclient(node) as r:
+            r.readonly()
+            assert wait_until(lambda: r.xlen("old") == 1, 10, "the entry on the restarted node")
     finally:
         c.kill_all()
