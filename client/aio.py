@@ -5,10 +5,26 @@
     async for key, entries in client.subscribe({"orders": "$"}): ...
     async for d in client.consume(["orders"], "billing", "worker-1"): ...; await d.ack()
 
-Routing: requests go to the known leader, else to the seeds in turn. A
-NOT_LEADER error names the leader; the client switches to it at once.
-Retries: NOT_LEADER / UNAVAILABLE / TIMEOUT (nothing was applied) are retried
-with exponential backoff and jitter until the call's overall deadline.
+Routing (router.py, routing.py): the first call fetches the cluster layout
+(ClusterLayout) from a seed. Every keyed call then goes to the leader of the
+Raft group owning its key's slot (CRC16 with {hash tags}, slots.py); calls to
+different groups share nothing but the channel, so they run in parallel. A
+NOT_LEADER or MOVED error names the leader to use at once and starts a
+background refresh of the layout (rate-limited); so do connection failures
+and CLUSTERDOWN. Keyless calls (and every call, against nodes from before
+sharding, which answer ClusterLayout with UNIMPLEMENTED) go to the one known
+leader, else to the seeds in turn, following NOT_LEADER redirects.
+Multi-key calls: see `_slot_of` (keys in different slots are a CrossSlotError,
+raised before anything is sent, when the cluster is sharded).
+Retries: NOT_LEADER / MOVED / UNAVAILABLE / TIMEOUT / TRYAGAIN / CLUSTERDOWN
+(nothing was applied) are retried with exponential backoff and jitter until the
+call's overall deadline.
+
+Sessions are per Raft group on a sharded cluster: before the first
+id-carrying write to a group the client registers its id there
+(`XRAFT.REGISTER <id> SLOT <slot>`, the slot being the write's), once per
+(client id, group); a new client id (after SESSION_EXPIRED) registers again,
+group by group, as writes reach them.
 
 Writes and unknown outcomes: a write whose fate is unknown (the server says
 UNKNOWN_OUTCOME, the connection broke) is retried only when it carries a
@@ -59,25 +75,31 @@ import asyncio
 import collections
 import random
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
 from xraft.proto.v1 import client_pb2 as pb
 from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 
+from . import router as routing_modes
 from .commands import Commands
-from .errors import (DeadlineExceededError, NotLeaderError, ReplyNotKeptError, SessionExpiredError, StaleRequestError,
-                     UnavailableError, UnknownOutcomeError, WriteDeadlineError, XRaftError, detail_of, from_rpc_error)
+from .consumer import MAX_ACKS_IN_FLIGHT, ConsumerSession, Delivery  # noqa: F401 - this module's API
+from .errors import (ClusterDownError, CrossSlotError, DeadlineExceededError, MovedError, NotLeaderError,
+                     ReplyNotKeptError, SessionExpiredError, StaleRequestError, TryAgainError, UnavailableError,
+                     UnknownOutcomeError, WriteDeadlineError, XRaftError, from_rpc_error)
+from .router import Router
+from .routing import Layout
+from .slots import key_slot
 from .types import StreamEntry, StreamID, to_bytes
 
 REQUEST_ID_KEY = "xraft-request-id"       # metadata: "<client_id>:<seq>" (the server dedups on it)
 DEDUP_WINDOW = 1024                        # = fsm sessions DEFAULT_RESULTS_PER_CLIENT (tests compare them)
 MAX_TRACKED_WRITES = DEDUP_WINDOW // 4     # seq span of id-carrying writes in flight (module doc)
-MAX_ACKS_IN_FLIGHT = 1024                  # unconfirmed acks per consumer session before ack() waits
 MAX_MESSAGE_BYTES = 16 << 20               # the server's gRPC message limit (client.proto)
-MAX_REDIRECTS = 8                          # NOT_LEADER hops per attempt before backing off
+MAX_REDIRECTS = 8                          # NOT_LEADER / MOVED hops per attempt before backing off
 MAX_REGISTER_TRIES = 5                     # XRAFT.REGISTER attempts with an unknown outcome
+SLOT_CACHE_KEYS = 4096                     # keys whose slot is remembered (cleared when full)
 
 
 @dataclass
@@ -139,14 +161,17 @@ class Client(Commands):
                                  ("grpc.keepalive_time_ms", 20000),
                                  ("grpc.keepalive_timeout_ms", 10000), *channel_options]
         self._nodes: dict[str, _Node] = {}
-        self._leader: str | None = None
+        self._leader: str | None = None    # keyless calls and SINGLE mode (router.py)
         self._seed_index = 0
+        self._router = Router(self._seeds, self._layout_rpc)
+        self.redirects = 0                 # NOT_LEADER / MOVED answers followed (tests and stats)
+        self._slots: dict[bytes, int] = {}  # key -> slot (_key_slot)
         # Request ids: a random client id (the server's session key) and a counter.
         # The session is registered (XRAFT.REGISTER) before the first write that
         # carries the id, and replaced by a new id when the server says it expired.
         self.client_id = secrets.randbits(63) or 1
-        self._registered = 0               # the client id whose registration succeeded
-        self._registering = None           # an asyncio.Lock, made on first use in the loop
+        self._registered: set = set()      # (client id, group) registered; group None: unsharded / slot 0's
+        self._registering: dict = {}       # group -> asyncio.Lock, while one call registers there
         self._window = _SeqWindow(MAX_TRACKED_WRITES)
         self._in_flight = None             # a semaphore, made on first use inside the running loop
         self._closed = False
@@ -161,16 +186,101 @@ class Client(Commands):
 
     async def close(self) -> None:
         self._closed = True
+        await self._router.close()
         nodes, self._nodes = self._nodes, {}
         for node in nodes.values():
             await node.channel.close()
 
     @property
     def leader(self) -> str | None:
-        """The address the client currently sends requests to first."""
+        """The address keyless requests go to first (sharded: the leader of
+        slot 0's group)."""
+        table = self._router.table
+        if table is not None:
+            return table.address_for(0)
         return self._leader
 
+    @property
+    def routing_mode(self) -> str:
+        """"layout" (routed by slot), "single" (a node without ClusterLayout:
+        one leader) or "unknown" (no node answered yet)."""
+        return self._router.mode
+
+    @property
+    def layout_fetches(self) -> int:
+        """ClusterLayout RPCs sent so far."""
+        return self._router.fetches
+
+    async def cluster_layout(self, *, timeout=None) -> Layout:
+        """The cluster layout, fetched now from the first node that answers
+        (the known nodes, then the seeds); it also refreshes the routing.
+        NotSupportedError from nodes without ClusterLayout."""
+        if self._closed:
+            raise UnavailableError("client closed")
+        return await self._router.fetch(self.timeout if timeout is None else timeout)
+
+    def leader_for(self, key) -> str | None:
+        """The address a call for `key` goes to first (None: unknown or unsharded)."""
+        table = self._router.table
+        return None if table is None else table.address_for(key_slot(to_bytes(key)))
+
     # -- routing ----------------------------------------------------------------------
+
+    async def _layout_rpc(self, address: str, timeout: float):
+        return await self._node(address).stub.ClusterLayout(pb.ClusterLayoutRequest(), timeout=timeout,
+                                                           metadata=self._metadata(None))
+
+    async def _slot_of(self, keys, timeout) -> int | None:
+        """The slot a call for `keys` (bytes, or a list of bytes) routes by;
+        None: route to the one leader (unsharded, or no key). On a sharded
+        cluster keys in different slots raise CrossSlotError before anything
+        is sent (redis cluster's rule: one slot per command), and a keyless
+        call goes to slot 0's group."""
+        router = self._router
+        if router.mode is routing_modes.UNKNOWN:
+            await router.ensure(timeout)
+        if router.mode is not routing_modes.LAYOUT:
+            return None
+        if keys is None:
+            return 0
+        if keys.__class__ is bytes:
+            return self._key_slot(keys)
+        slots = {self._key_slot(k) for k in keys}
+        if len(slots) > 1:
+            raise CrossSlotError("CROSSSLOT Keys in request don't hash to the same slot (not sent; slots "
+                                 + ", ".join(map(str, sorted(slots)[:8])) + ")")
+        return slots.pop() if slots else 0
+
+    def _key_slot(self, key: bytes) -> int:
+        """key_slot, remembered for the keys used most recently (a producer
+        writes to the same few keys; CRC16 in Python costs per byte)."""
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) >= SLOT_CACHE_KEYS:
+                self._slots.clear()
+            slot = self._slots[key] = key_slot(key)
+        return slot
+
+    async def _split_by_slot(self, keys: list) -> list | None:
+        """`keys` grouped by slot (lists in first-seen order) when a sharded
+        cluster needs more than one call for them; None otherwise."""
+        if self._router.mode is routing_modes.UNKNOWN:
+            await self._router.ensure(None)
+        if self._router.mode is not routing_modes.LAYOUT:
+            return None
+        parts: dict[int, list] = {}
+        for k in keys:
+            parts.setdefault(self._key_slot(k), []).append(k)
+        return list(parts.values()) if len(parts) > 1 else None
+
+    def _route(self, slot: int | None) -> str:
+        """The address for the next attempt of a call for `slot`."""
+        table = self._router.table
+        if slot is not None and table is not None:
+            address = table.address_for(slot, self._seed_index)
+            if address is not None:
+                return address
+        return self._target()
 
     def _node(self, address: str) -> _Node:
         node = self._nodes.get(address)
@@ -185,15 +295,39 @@ class Client(Commands):
     def _target(self) -> str:
         return self._leader or self._seeds[self._seed_index % len(self._seeds)]
 
-    def _observe_failure(self, address: str, err: XRaftError) -> bool:
+    def _observe_failure(self, address: str, err: XRaftError, slot: int | None = None) -> bool:
         """Update the routing after `err` from `address`; True if the next
         attempt goes straight to a named leader (no backoff needed)."""
-        if isinstance(err, NotLeaderError) and err.leader_address and err.leader_address != address:
+        redirect = isinstance(err, (NotLeaderError, MovedError))
+        if redirect:
+            self.redirects += 1
+        table = self._router.table
+        if slot is not None and table is not None:
+            return self._observe_routed(table, address, err, slot, redirect)
+        if isinstance(err, MovedError):
+            self._router.reprobe()
+        if redirect and err.leader_address and err.leader_address != address:
             self._leader = err.leader_address
             return True
         if address == self._leader:
             self._leader = None
         self._seed_index += 1
+        return False
+
+    def _observe_routed(self, table, address, err, slot, redirect) -> bool:
+        """_observe_failure on a sharded cluster, for a call routed by `slot`."""
+        if isinstance(err, TryAgainError):
+            return False                   # the slot is being moved: same place, after a backoff
+        self._router.refresh_soon()
+        if redirect and err.leader_address and err.leader_address != address:
+            if isinstance(err, MovedError):
+                table.note_moved(slot, err.leader_address)
+            else:
+                table.note_leader(slot, err.leader_address, err.group_id)
+            return True
+        if not isinstance(err, ClusterDownError):
+            table.forget(slot, address)    # unreachable, or no leader there: try another member
+            self._seed_index += 1
         return False
 
     def _metadata(self, rid):
@@ -220,23 +354,25 @@ class Client(Commands):
 
     # -- the one unary path -------------------------------------------------------------
 
-    async def _unary(self, rpc: str, request, *, write: bool, timeout=None):
-        """Send `request` to the leader, following redirects and retrying what
-        is safe to retry, until `timeout` (default: the client's) runs out."""
+    async def _unary(self, rpc: str, request, *, write: bool, timeout=None, keys=None):
+        """Send `request` to the leader of its keys' group (`keys`: bytes or a
+        list of bytes; see _slot_of), following redirects and retrying what is
+        safe to retry, until `timeout` (default: the client's) runs out."""
         if self._closed:
             raise UnavailableError("client closed")
         self._limits()
+        slot = await self._slot_of(keys, timeout)
         async with self._in_flight:
             if write and self._request_ids:
-                await self._session(timeout)
+                await self._session(timeout, slot)
                 seq = await self._window.acquire()
                 try:
-                    return await self._attempts(rpc, request, write, timeout, seq)
+                    return await self._attempts(rpc, request, write, timeout, seq, slot)
                 finally:
                     self._window.release(seq)
-            return await self._attempts(rpc, request, write, timeout, None)
+            return await self._attempts(rpc, request, write, timeout, None, slot)
 
-    async def _attempts(self, rpc, request, write, timeout, rid):
+    async def _attempts(self, rpc, request, write, timeout, rid, slot=None):
         loop = asyncio.get_running_loop()
         timeout = self.timeout if timeout is None else timeout
         deadline = None if timeout == float("inf") or timeout is None else loop.time() + timeout
@@ -255,7 +391,7 @@ class Client(Commands):
                 # The server gives up (cleanly, before proposing if it can) a
                 # little before the client does, so its answer gets back in time.
                 request.options.deadline_hint_ms = max(1, min(600_000, int(remaining * 1000 * 0.9)))
-            address = self._target()
+            address = self._route(slot)
             try:
                 return await getattr(self._node(address).stub, rpc)(request, timeout=remaining, metadata=metadata)
             except grpc.aio.AioRpcError as e:
@@ -265,7 +401,7 @@ class Client(Commands):
                 renewed = True
                 # No attempt of this request can have been applied (this one was
                 # refused, none before it was uncertain): resend under a new session.
-                await self._renew_session(metadata, timeout)
+                await self._renew_session(metadata, timeout, slot)
                 metadata = self._metadata(rid)
                 continue
             uncertain = uncertain or isinstance(err, UnknownOutcomeError)
@@ -277,7 +413,7 @@ class Client(Commands):
                     raise err
             elif not err.retriable:
                 raise err
-            if self._observe_failure(address, err) and redirects < MAX_REDIRECTS:
+            if self._observe_failure(address, err, slot) and redirects < MAX_REDIRECTS:
                 redirects += 1
                 continue
             redirects = 0
@@ -289,40 +425,51 @@ class Client(Commands):
 
     # -- sessions (server: node/fsm/sessions.py) ------------------------------------------
 
-    async def _session(self, timeout) -> None:
-        """Register self.client_id with the server once (XRAFT.REGISTER is
-        idempotent, so an attempt with an unknown outcome is simply resent)."""
-        if self._registered == self.client_id:
+    async def _session(self, timeout, slot: int | None = None) -> None:
+        """Register self.client_id with the server once per Raft group: the
+        group owning `slot` (None: unsharded, one group). XRAFT.REGISTER is
+        idempotent, so an attempt with an unknown outcome is simply resent."""
+        table = self._router.table
+        group = None if slot is None or table is None else table.group_of(slot)
+        if (self.client_id, group) in self._registered:
             return
-        if self._registering is None:
-            self._registering = asyncio.Lock()
-        async with self._registering:
+        lock = self._registering.get(group)
+        if lock is None:
+            lock = self._registering[group] = asyncio.Lock()
+        async with lock:
             cid = self.client_id
-            if self._registered == cid:
+            if (cid, group) in self._registered:
                 return
-            req = pb.ExecuteRequest(argv=[b"XRAFT.REGISTER", str(cid).encode()])
+            argv = [b"XRAFT.REGISTER", str(cid).encode()]
+            if group is not None:
+                argv += [b"SLOT", str(slot).encode()]
+            req = pb.ExecuteRequest(argv=argv)
             loop = asyncio.get_running_loop()
             timeout = self.timeout if timeout is None else timeout
             deadline = None if timeout == float("inf") else loop.time() + timeout
+            last = None
             for _ in range(MAX_REGISTER_TRIES):
                 left = float("inf") if deadline is None else deadline - loop.time()
                 if left <= 0:
                     break
                 try:
-                    await self._attempts("Execute", req, True, left, None)
-                    self._registered = cid
+                    await self._attempts("Execute", req, True, left, None, slot)
+                    if cid == self.client_id:
+                        self._registered.add((cid, group))
                     return
                 except UnknownOutcomeError as e:
                     last = e
             # The caller's request was never sent: nothing changed.
             raise DeadlineExceededError(f"no client session registered in time; the request was not sent ({last})")
 
-    async def _renew_session(self, old_metadata, timeout) -> None:
+    async def _renew_session(self, old_metadata, timeout, slot=None) -> None:
         """The server expired our session: a new client id, registered (once
-        for all the calls that saw the expiry with the same old id)."""
+        for all the calls that saw the expiry with the same old id) in the
+        group of `slot`; other groups register it when writes reach them."""
         if self._metadata_of_current(old_metadata):
             self.client_id = secrets.randbits(63) or 1
-        await self._session(timeout)
+            self._registered = {pair for pair in self._registered if pair[0] == self.client_id}
+        await self._session(timeout, slot)
 
     def _metadata_of_current(self, metadata) -> bool:
         prefix = f"{self.client_id}:"
@@ -335,8 +482,48 @@ class Client(Commands):
         entries arrive, forever. On a leader change or a lost connection it
         resubscribes after the last ID it yielded per stream (no entry missed
         or repeated), giving up after `timeout` seconds without a success.
-        ("$" not yet past its first entry is resolved again on resubscribe.)"""
+        ("$" not yet past its first entry is resolved again on resubscribe.)
+        Routed to the leader of the streams' group, and re-routed after a
+        failover. Split on a sharded cluster: streams in different slots
+        are tailed by one Subscribe call per slot, merged as they arrive
+        (each stream's entries stay in order); the first call that fails
+        for good ends them all with its error."""
         after = {to_bytes(k): v for k, v in streams.items()}
+        parts = await self._split_by_slot(list(after))
+        if parts is None:
+            async for item in self._subscribe_slot(after, max_batch, follower_read):
+                yield item
+            return
+        merged: asyncio.Queue = asyncio.Queue(maxsize=len(parts))   # bounded: a slow reader slows the calls
+        done = object()
+
+        async def feed(part):
+            try:
+                async for item in self._subscribe_slot({k: after[k] for k in part}, max_batch, follower_read):
+                    await merged.put(item)
+                await merged.put(done)
+            except Exception as e:  # noqa: BLE001 - handed to the reader, who raises it
+                await merged.put(e)
+
+        feeders = [asyncio.ensure_future(feed(part)) for part in parts]
+        try:
+            running = len(feeders)
+            while running:
+                item = await merged.get()
+                if item is done:
+                    running -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in feeders:
+                task.cancel()
+            await asyncio.gather(*feeders, return_exceptions=True)
+
+    async def _subscribe_slot(self, after: dict, max_batch: int, follower_read: bool):
+        """subscribe() for streams of one slot (or of an unsharded cluster)."""
+        slot = await self._slot_of(list(after), None)
         failing_since = None
         attempt = 0
         loop = asyncio.get_running_loop()
@@ -349,7 +536,7 @@ class Client(Commands):
                     s.new_entries_only = True
                 else:
                     s.after.CopyFrom(StreamID.parse(pos).to_pb())
-            address = self._target()
+            address = self._route(slot)
             call = self._node(address).stub.Subscribe(req, metadata=self._metadata(None))
             try:
                 async for resp in call:
@@ -371,7 +558,7 @@ class Client(Commands):
             failing_since = failing_since or now
             if now - failing_since > self.timeout:
                 raise err
-            if not self._observe_failure(address, err):
+            if not self._observe_failure(address, err, slot):
                 await asyncio.sleep(self._sleep_for(attempt, err))
                 attempt += 1
 
@@ -379,7 +566,10 @@ class Client(Commands):
                 replay_pending_after=None) -> "ConsumerSession":
         """Consume a group over one bidirectional stream: `async for d in
         client.consume(...)` yields Delivery objects; `await d.ack()` (or
-        session.ack(key, ids)) acknowledges. Use as `async with` to close it."""
+        session.ack(key, ids)) acknowledges. Use as `async with` to close it.
+        Routed to the leader of the keys' group, and re-routed after a
+        failover; on a sharded cluster the keys must share one slot (the
+        session ends with CrossSlotError otherwise, nothing sent)."""
         start = pb.ConsumeStart(keys=[to_bytes(k) for k in keys], group=to_bytes(group),
                                 consumer=to_bytes(consumer), max_unacked=max_unacked, max_batch=max_batch,
                                 no_ack=no_ack)
@@ -477,234 +667,3 @@ def _out_of_time(last: XRaftError | None, uncertain: bool) -> XRaftError:
                                     retriable=False)
     err.__cause__ = last
     return err
-
-
-@dataclass(slots=True)
-class Delivery:
-    """One entry delivered to this consumer; ack() it once processed."""
-    key: bytes
-    entry: StreamEntry
-    session: "ConsumerSession" = field(repr=False)
-
-    @property
-    def id(self) -> StreamID:
-        return self.entry.id
-
-    async def ack(self) -> int:
-        return await self.session.ack(self.key, [self.entry.id])
-
-
-class ConsumerSession:
-    """One Consume call: a reader task routes deliveries to the iterator and
-    ack results to the futures waiting for them, so acking inside the loop
-    body never waits on the loop itself. On a retriable failure the session
-    reconnects (to the leader the error names), first replaying this
-    consumer's pending entries, and resends the acks not yet confirmed
-    (XACK is idempotent): delivery is at least once.
-
-    Acks: grpc.aio allows one write at a time on a stream, so ack() never
-    writes itself. It records the ack (unconfirmed until its AckResult
-    arrives) and queues its number for the stream's one writer task, so any
-    number of ack() calls may overlap (up to MAX_ACKS_IN_FLIGHT unconfirmed;
-    beyond that ack() waits for room). A write that fails ends that stream:
-    the session reconnects and resends every unconfirmed ack, in order. An
-    ack is never dropped: it is confirmed, or its ack() raises the error that
-    ended the session. (Acks are not merged into one ConsumeAck: its
-    AckResult carries one count, which could not be split among callers.)"""
-
-    def __init__(self, client: Client, start: pb.ConsumeStart):
-        self._client = client
-        self._start = start
-        self._queue: asyncio.Queue = asyncio.Queue()  # lists of Delivery (one per message), then the end
-        self._ready: collections.deque = collections.deque()   # the current list's Deliveries not yet yielded
-        self._acks: dict[int, tuple] = {}          # ack_seq -> (key, ids, future), unconfirmed, in order
-        self._ack_seq = 0
-        self._ack_room = None                      # semaphore of MAX_ACKS_IN_FLIGHT, made on first use
-        self._outbox: asyncio.Queue | None = None  # ack_seqs for the live stream's writer; None between streams
-        self._broken: BaseException | None = None  # why the writer ended the live stream
-        self._ended: BaseException | None = None   # why the session ended
-        self._call = None
-        self._task = None
-        self._closed = False
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.close()
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> Delivery:
-        if self._ready:
-            return self._ready.popleft()
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._queue.put_nowait(item)           # every later __anext__ sees it too
-            if isinstance(item, _Closed):
-                raise StopAsyncIteration
-            raise item
-        self._ready.extend(item)                   # never empty
-        return self._ready.popleft()
-
-    async def ack(self, key, ids) -> int:
-        """XACK through the stream; the number of IDs that were pending.
-        Safe to call concurrently (see the class doc)."""
-        ids = [i if i.__class__ is StreamID else StreamID.parse(i) for i in ids]
-        if self._ack_room is None:
-            self._ack_room = asyncio.Semaphore(MAX_ACKS_IN_FLIGHT)
-        async with self._ack_room:
-            self._check_open()
-            self._ack_seq += 1
-            seq = self._ack_seq
-            fut = asyncio.get_running_loop().create_future()
-            self._acks[seq] = (to_bytes(key), ids, fut)
-            if self._outbox is not None:
-                self._outbox.put_nowait(seq)       # else sent when the next stream starts
-            return await fut
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise UnavailableError("consumer closed")
-        if self._ended is not None:
-            if isinstance(self._ended, XRaftError):
-                raise self._ended
-            raise UnavailableError("consumer closed")
-
-    async def _write_acks(self, call, outbox: asyncio.Queue) -> None:
-        """The stream's only writer after `start`: one ack message at a time."""
-        while True:
-            seq = await outbox.get()
-            pending = self._acks.get(seq)
-            if pending is None:
-                continue                           # confirmed meanwhile
-            key, ids, _ = pending
-            req = pb.ConsumeRequest()
-            ack = req.ack
-            ack.key, ack.ack_seq = key, seq
-            add = ack.ids.add
-            for i in ids:
-                add(ms=i.ms, seq=i.seq)
-            try:
-                await call.write(req)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the stream is unusable: end it, resend on the next
-                self._broken = e
-                call.cancel()
-                return
-
-    async def _run(self) -> None:
-        client, loop = self._client, asyncio.get_running_loop()
-        attempt, failing_since = 0, None
-        start = self._start
-        while not self._closed:
-            address = client._target()
-            self._call = call = client._node(address).stub.Consume(metadata=client._metadata(None))
-            self._broken = None
-            writer = None
-            try:
-                await call.write(pb.ConsumeRequest(start=start))
-                # Every unconfirmed ack, in order, then the new ones as ack() queues them.
-                self._outbox = outbox = asyncio.Queue()
-                for seq in self._acks:
-                    outbox.put_nowait(seq)
-                writer = asyncio.ensure_future(self._write_acks(call, outbox))
-                async for resp in call:
-                    attempt, failing_since = 0, None
-                    if resp.WhichOneof("body") == "ack_result":
-                        pending = self._acks.pop(resp.ack_result.ack_seq, None)
-                        if pending is not None and not pending[2].done():
-                            pending[2].set_result(resp.ack_result.acked)
-                        continue
-                    batch = self._deliveries(resp.delivery.streams)
-                    if batch:
-                        self._queue.put_nowait(batch)
-                self._finish(_Closed())
-                return
-            except grpc.aio.AioRpcError as e:
-                err = from_rpc_error(e, write=False)
-                if e.code() == grpc.StatusCode.INTERNAL and detail_of(e) is None:
-                    # grpc-core's own status for a write that lost the race with
-                    # the server's end of the call: the server's status is lost,
-                    # so reconnect; the new stream reports it again if it stands.
-                    err = UnavailableError(f"consume stream broken: {err.message}", grpc_code=e.code())
-            except (asyncio.CancelledError, asyncio.InvalidStateError, grpc.aio.UsageError) as e:
-                # The writer ended the stream (call.cancel()), or the start
-                # write found it ended; a cancel of this task itself propagates.
-                if self._closed or asyncio.current_task().cancelling():
-                    raise
-                cause = self._broken or e
-                err = UnavailableError(f"consume stream broken: {type(cause).__name__}: {cause}")
-            finally:
-                self._outbox = None
-                call.cancel()
-                if writer is not None:
-                    writer.cancel()
-                    await asyncio.wait([writer])   # its own cancel is not raised here; ours is
-            if self._closed:
-                return
-            now = loop.time()
-            failing_since = failing_since or now
-            if not err.retriable or now - failing_since > client.timeout:
-                self._finish(err)
-                return
-            # Resume: this consumer's pending entries first, then new ones.
-            start = pb.ConsumeStart()
-            start.CopyFrom(self._start)
-            start.replay_pending_after.CopyFrom(pb.StreamId())
-            if not client._observe_failure(address, err):
-                await asyncio.sleep(client._sleep_for(attempt, err))
-                attempt += 1
-
-    def _deliveries(self, streams) -> list:
-        """One delivery message's entries as Delivery objects, in order (what
-        types.streams_from_pb builds, without the intermediate dict)."""
-        # The hot path of a consumer: StreamID and the frozen StreamEntry are
-        # built without their Python-level __new__/__init__ (the same objects:
-        # a tuple subclass, and a dataclass instance's attribute dict).
-        out = []
-        append = out.append
-        new_tuple, new_object = tuple.__new__, object.__new__
-        sid_cls, entry_cls = StreamID, StreamEntry
-        for s in streams:
-            key = s.key
-            for m in s.entries:
-                sid = m.id
-                entry = new_object(entry_cls)
-                d = entry.__dict__
-                d["id"] = new_tuple(sid_cls, (sid.ms, sid.seq))
-                d["fields"] = tuple([(f.name, f.value) for f in m.fields])
-                d["deleted"] = m.deleted
-                append(Delivery(key, entry, self))
-        return out
-
-    def _finish(self, exc: BaseException) -> None:
-        if self._ended is None:
-            self._ended = exc
-        self._queue.put_nowait(exc)
-        for _, _, fut in self._acks.values():
-            if not fut.done():
-                fut.set_exception(exc if isinstance(exc, XRaftError) else UnavailableError("consumer closed"))
-        self._acks.clear()
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._call is not None:
-            self._call.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._finish(_Closed())
-
-
-class _Closed(Exception):
-    """The end of a consumer session (closed, or the server ended it)."""

@@ -1,16 +1,26 @@
 """The command methods of the async client: arguments -> request, response -> typed result.
 
-A mixin over `aio.Client._unary(rpc, request, write=..., timeout=...)`, which
+A mixin over `aio.Client._unary(rpc, request, write=..., timeout=..., keys=...)`, which
 owns routing, retries and errors. Each method is the redis command it names,
 with redis's argument names; results are the dataclasses of types.py.
 """
+import asyncio
+
 from xraft.proto.v1 import client_pb2 as pb
 
-from .errors import from_detail
+from .errors import XRaftError, from_detail
 from .types import (AutoClaimResult, ClaimResult, ConsumerInfo, PendingEntry, PendingSummary, StreamID,
                     bound_to_pb, end_to_pb, entry_from_pb, fields_to_pb, group_info_from_pb, group_start_to_pb,
                     stream_info_from_pb, streams_from_pb, to_bytes, trim_to_pb, value_from_pb, xadd_entry_to_pb)
 
+# Commands whose argv[1] is not a key (execute() routes the others by argv[1]).
+KEYLESS_COMMANDS = frozenset(c.encode() for c in (
+    "AUTH", "HELLO", "PING", "ECHO", "SELECT", "INFO", "CONFIG", "CLIENT", "CLUSTER", "COMMAND", "DBSIZE",
+    "FLUSHALL", "FLUSHDB", "KEYS", "SCAN", "RANDOMKEY", "TIME", "MULTI", "EXEC", "DISCARD", "WATCH", "SCRIPT",
+    "FUNCTION", "EVAL", "EVALSHA", "FCALL", "XRAFT.REGISTER", "XREAD", "XREADGROUP", "READONLY", "READWRITE",
+    "ASKING", "WAIT", "DEBUG", "OBJECT", "MEMORY", "LATENCY", "SLOWLOG", "ACL", "SHUTDOWN", "SAVE", "BGSAVE",
+    "LASTSAVE", "ROLE", "MONITOR", "SUBSCRIBE", "PSUBSCRIBE", "PUBLISH", "PUBSUB", "SWAPDB", "LMPOP", "BLMPOP",
+    "ZMPOP", "BZMPOP", "SINTERCARD", "ZINTERCARD", "ZDIFF", "ZINTER", "ZUNION"))
 # A blocking call's gRPC deadline is its block time plus this much slack, so
 # that "nothing arrived" comes back as the command's empty reply, not a timeout.
 BLOCK_SLACK_S = 2.0
@@ -63,7 +73,7 @@ class Commands:
             for k, v in (fields.items() if isinstance(fields, dict) else fields):
                 put(name=k if k.__class__ is bytes else to_bytes(k),
                     value=v if v.__class__ is bytes else to_bytes(v))
-        resp = await self._unary("XAdd", req, write=True, timeout=timeout)
+        resp = await self._unary("XAdd", req, write=True, timeout=timeout, keys=req.key)
         out = []
         new_id = StreamID
         for r in resp.results:
@@ -80,16 +90,32 @@ class Commands:
                 out.append(err)
         return out
 
+    async def xadd_multi(self, batches: dict, *, timeout=None, **options) -> dict:
+        """XADD to several streams at once: {key: entries} -> {key: results}.
+        Split, not CROSSSLOT: each key's entries are one xadd_batch (one log
+        record, `options` as xadd_batch's), all sent together, so keys of
+        different Raft groups go to their own leaders in parallel. Keys are
+        independent: `results` is xadd_batch's list, or the XRaftError that
+        ended that key's call (returned, not raised; an UnknownOutcomeError
+        means that key's entries may or may not have been added)."""
+        keys = list(batches)
+        outcomes = await asyncio.gather(*(self.xadd_batch(k, batches[k], timeout=timeout, **options) for k in keys),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, XRaftError):
+                raise outcome
+        return dict(zip(keys, outcomes))
+
     async def xdel(self, key, *ids, timeout=None) -> int:
-        return (await self._unary("XDel", pb.XDelRequest(key=to_bytes(key), ids=_ids(ids)),
-                                  write=True, timeout=timeout)).deleted
+        req = pb.XDelRequest(key=to_bytes(key), ids=_ids(ids))
+        return (await self._unary("XDel", req, write=True, timeout=timeout, keys=req.key)).deleted
 
     async def xtrim(self, key, *, maxlen=None, minid=None, approximate=False, limit=None, timeout=None) -> int:
         trim = trim_to_pb(maxlen, minid, approximate, limit)
         if trim is None:
             raise ValueError("xtrim needs maxlen or minid")
-        return (await self._unary("XTrim", pb.XTrimRequest(key=to_bytes(key), trim=trim),
-                                  write=True, timeout=timeout)).trimmed
+        req = pb.XTrimRequest(key=to_bytes(key), trim=trim)
+        return (await self._unary("XTrim", req, write=True, timeout=timeout, keys=req.key)).trimmed
 
     async def xsetid(self, key, last_id, *, entries_added=None, max_deleted_id=None, timeout=None) -> None:
         req = pb.XSetIdRequest(key=to_bytes(key), last_id=StreamID.parse(last_id).to_pb())
@@ -97,7 +123,7 @@ class Commands:
             req.entries_added = entries_added
         if max_deleted_id is not None:
             req.max_deleted_id.CopyFrom(StreamID.parse(max_deleted_id).to_pb())
-        await self._unary("XSetId", req, write=True, timeout=timeout)
+        await self._unary("XSetId", req, write=True, timeout=timeout, keys=req.key)
 
     # -- streams: reads --------------------------------------------------------------
 
@@ -111,35 +137,54 @@ class Commands:
         req = pb.XRangeRequest(key=to_bytes(key), min=bound_to_pb(lo, True), max=bound_to_pb(hi, False))
         if count is not None:
             req.count = count
-        resp = await self._unary(rpc, req, write=False, timeout=timeout)
+        resp = await self._unary(rpc, req, write=False, timeout=timeout, keys=req.key)
         return [entry_from_pb(e) for e in resp.entries]
 
     async def xlen(self, key, *, timeout=None) -> int:
-        return (await self._unary("XLen", pb.XLenRequest(key=to_bytes(key)), write=False, timeout=timeout)).length
+        req = pb.XLenRequest(key=to_bytes(key))
+        return (await self._unary("XLen", req, write=False, timeout=timeout, keys=req.key)).length
 
     async def xread(self, streams: dict, count=None, block_ms=None, *, timeout=None) -> dict:
-        """XREAD: {key: id | "$"} -> {key: [StreamEntry]} (only streams with entries)."""
+        """XREAD: {key: id | "$"} -> {key: [StreamEntry]} (only streams with entries).
+        On a sharded cluster, streams in different slots: without block_ms the
+        read is split (one XREAD per slot, in parallel; COUNT is per stream
+        anyway, so the merged reply is the one XREAD would give); with
+        block_ms it is a CrossSlotError, nothing sent (which stream wakes the
+        call first cannot be split)."""
+        if block_ms is None and len(streams) > 1:
+            parts = await self._split_by_slot([to_bytes(k) for k in streams])
+            if parts is not None:
+                by_key = {to_bytes(k): v for k, v in streams.items()}
+                replies = await asyncio.gather(*(self.xread({k: by_key[k] for k in part}, count, timeout=timeout)
+                                                 for part in parts))
+                merged = {k: v for reply in replies for k, v in reply.items()}
+                return {k: merged[k] for k in by_key if k in merged}     # request order, as one XREAD
         req = _stream_read_request(pb.XReadRequest(), streams, "$", "new_entries_only", count, block_ms)
-        resp = await self._unary("XRead", req, write=False, timeout=_block_timeout(block_ms, timeout))
+        resp = await self._unary("XRead", req, write=False, timeout=_block_timeout(block_ms, timeout),
+                                 keys=[s.key for s in req.streams])
         return streams_from_pb(resp.streams)
 
     async def xreadgroup(self, group, consumer, streams: dict, count=None, block_ms=None, noack=False, *,
                          timeout=None) -> dict:
-        """XREADGROUP: {key: ">" | id} -> {key: [StreamEntry]} (history entries may be `deleted`)."""
+        """XREADGROUP: {key: ">" | id} -> {key: [StreamEntry]} (history entries may be `deleted`).
+        On a sharded cluster the streams must share a slot (CrossSlotError,
+        nothing sent): it delivers, and a split whose one part failed would
+        leave the other part's entries delivered and unreported."""
         req = _stream_read_request(pb.XReadGroupRequest(group=to_bytes(group), consumer=to_bytes(consumer),
                                                         no_ack=noack), streams, ">", "new_entries", count, block_ms)
-        resp = await self._unary("XReadGroup", req, write=True, timeout=_block_timeout(block_ms, timeout))
+        resp = await self._unary("XReadGroup", req, write=True, timeout=_block_timeout(block_ms, timeout),
+                                 keys=[s.key for s in req.streams])
         return streams_from_pb(resp.streams)
 
     # -- consumer groups ---------------------------------------------------------------
 
     async def xack(self, key, group, *ids, timeout=None) -> int:
         req = pb.XAckRequest(key=to_bytes(key), group=to_bytes(group), ids=_ids(ids))
-        return (await self._unary("XAck", req, write=True, timeout=timeout)).acked
+        return (await self._unary("XAck", req, write=True, timeout=timeout, keys=req.key)).acked
 
     async def xpending(self, key, group, *, timeout=None) -> PendingSummary:
-        resp = await self._unary("XPending", pb.XPendingRequest(key=to_bytes(key), group=to_bytes(group)),
-                                 write=False, timeout=timeout)
+        req = pb.XPendingRequest(key=to_bytes(key), group=to_bytes(group))
+        resp = await self._unary("XPending", req, write=False, timeout=timeout, keys=req.key)
         return PendingSummary(resp.count,
                               StreamID.from_pb(resp.min_id) if resp.HasField("min_id") else None,
                               StreamID.from_pb(resp.max_id) if resp.HasField("max_id") else None,
@@ -153,7 +198,7 @@ class Commands:
             req.consumer = to_bytes(consumer)
         if idle is not None:
             req.min_idle_ms = idle
-        resp = await self._unary("XPendingExtended", req, write=False, timeout=timeout)
+        resp = await self._unary("XPendingExtended", req, write=False, timeout=timeout, keys=req.key)
         return [PendingEntry(StreamID.from_pb(e.id), e.consumer, e.idle_ms, e.delivery_count) for e in resp.entries]
 
     async def xclaim(self, key, group, consumer, min_idle_ms, ids, *, idle=None, time=None, retrycount=None,
@@ -165,7 +210,7 @@ class Commands:
                 setattr(req, name, value)
         if lastid is not None:
             req.last_id.CopyFrom(StreamID.parse(lastid).to_pb())
-        resp = await self._unary("XClaim", req, write=True, timeout=timeout)
+        resp = await self._unary("XClaim", req, write=True, timeout=timeout, keys=req.key)
         return ClaimResult([entry_from_pb(e) for e in resp.entries], [StreamID.from_pb(i) for i in resp.ids])
 
     async def xautoclaim(self, key, group, consumer, min_idle_ms, start="0-0", count=None, justid=False, *,
@@ -174,7 +219,7 @@ class Commands:
                                    min_idle_ms=min_idle_ms, start=StreamID.parse(start).to_pb(), just_id=justid)
         if count is not None:
             req.count = count
-        resp = await self._unary("XAutoClaim", req, write=True, timeout=timeout)
+        resp = await self._unary("XAutoClaim", req, write=True, timeout=timeout, keys=req.key)
         return AutoClaimResult(StreamID.from_pb(resp.next_start), [entry_from_pb(e) for e in resp.entries],
                                [StreamID.from_pb(i) for i in resp.ids],
                                [StreamID.from_pb(i) for i in resp.deleted_ids])
@@ -184,25 +229,26 @@ class Commands:
                                      mkstream=mkstream)
         if entries_read is not None:
             req.entries_read = entries_read
-        await self._unary("XGroupCreate", req, write=True, timeout=timeout)
+        await self._unary("XGroupCreate", req, write=True, timeout=timeout, keys=req.key)
 
     async def xgroup_setid(self, key, group, id="$", *, entries_read=None, timeout=None) -> None:
         req = pb.XGroupSetIdRequest(key=to_bytes(key), group=to_bytes(group), start=group_start_to_pb(id))
         if entries_read is not None:
             req.entries_read = entries_read
-        await self._unary("XGroupSetId", req, write=True, timeout=timeout)
+        await self._unary("XGroupSetId", req, write=True, timeout=timeout, keys=req.key)
 
     async def xgroup_destroy(self, key, group, *, timeout=None) -> bool:
         req = pb.XGroupDestroyRequest(key=to_bytes(key), group=to_bytes(group))
-        return (await self._unary("XGroupDestroy", req, write=True, timeout=timeout)).destroyed
+        return (await self._unary("XGroupDestroy", req, write=True, timeout=timeout, keys=req.key)).destroyed
 
     async def xgroup_createconsumer(self, key, group, consumer, *, timeout=None) -> bool:
         req = pb.XGroupCreateConsumerRequest(key=to_bytes(key), group=to_bytes(group), consumer=to_bytes(consumer))
-        return (await self._unary("XGroupCreateConsumer", req, write=True, timeout=timeout)).created
+        return (await self._unary("XGroupCreateConsumer", req, write=True, timeout=timeout, keys=req.key)).created
 
     async def xgroup_delconsumer(self, key, group, consumer, *, timeout=None) -> int:
         req = pb.XGroupDelConsumerRequest(key=to_bytes(key), group=to_bytes(group), consumer=to_bytes(consumer))
-        return (await self._unary("XGroupDelConsumer", req, write=True, timeout=timeout)).pending_deleted
+        return (await self._unary("XGroupDelConsumer", req, write=True, timeout=timeout,
+                                  keys=req.key)).pending_deleted
 
     # -- XINFO -----------------------------------------------------------------------
 
@@ -210,16 +256,16 @@ class Commands:
         req = pb.XInfoStreamRequest(key=to_bytes(key), full=full)
         if count is not None:
             req.count = count
-        return stream_info_from_pb(await self._unary("XInfoStream", req, write=False, timeout=timeout))
+        return stream_info_from_pb(await self._unary("XInfoStream", req, write=False, timeout=timeout, keys=req.key))
 
     async def xinfo_groups(self, key, *, timeout=None) -> list:
-        resp = await self._unary("XInfoGroups", pb.XInfoGroupsRequest(key=to_bytes(key)), write=False,
-                                 timeout=timeout)
+        req = pb.XInfoGroupsRequest(key=to_bytes(key))
+        resp = await self._unary("XInfoGroups", req, write=False, timeout=timeout, keys=req.key)
         return [group_info_from_pb(g) for g in resp.groups]
 
     async def xinfo_consumers(self, key, group, *, timeout=None) -> list:
-        resp = await self._unary("XInfoConsumers", pb.XInfoConsumersRequest(key=to_bytes(key), group=to_bytes(group)),
-                                 write=False, timeout=timeout)
+        req = pb.XInfoConsumersRequest(key=to_bytes(key), group=to_bytes(group))
+        resp = await self._unary("XInfoConsumers", req, write=False, timeout=timeout, keys=req.key)
         return [ConsumerInfo(c.name, c.pending, c.idle_ms) for c in resp.consumers]
 
     # -- lists -----------------------------------------------------------------------
@@ -227,7 +273,7 @@ class Commands:
     async def _push(self, key, values, end, only_if_exists, timeout) -> int:
         req = pb.ListPushRequest(key=to_bytes(key), values=[to_bytes(v) for v in values], end=end,
                                  only_if_exists=only_if_exists)
-        return (await self._unary("ListPush", req, write=True, timeout=timeout)).length
+        return (await self._unary("ListPush", req, write=True, timeout=timeout, keys=req.key)).length
 
     async def lpush(self, key, *values, timeout=None) -> int:
         return await self._push(key, values, pb.LIST_END_LEFT, False, timeout)
@@ -247,7 +293,8 @@ class Commands:
             req.count = count
         if block_ms is not None:
             req.block_ms = block_ms
-        return await self._unary("ListPop", req, write=True, timeout=_block_timeout(block_ms, timeout))
+        return await self._unary("ListPop", req, write=True, timeout=_block_timeout(block_ms, timeout),
+                                 keys=list(req.keys))
 
     async def lpop(self, key, count=None, *, timeout=None):
         """bytes | None without count; list (None: missing key) with it."""
@@ -273,31 +320,31 @@ class Commands:
 
     async def lrange(self, key, start, stop, *, timeout=None) -> list:
         req = pb.ListRangeRequest(key=to_bytes(key), start=start, stop=stop)
-        return list((await self._unary("ListRange", req, write=False, timeout=timeout)).values)
+        return list((await self._unary("ListRange", req, write=False, timeout=timeout, keys=req.key)).values)
 
     async def lindex(self, key, index, *, timeout=None):
-        resp = await self._unary("ListIndex", pb.ListIndexRequest(key=to_bytes(key), index=index), write=False,
-                                 timeout=timeout)
+        req = pb.ListIndexRequest(key=to_bytes(key), index=index)
+        resp = await self._unary("ListIndex", req, write=False, timeout=timeout, keys=req.key)
         return resp.value if resp.HasField("value") else None
 
     async def lset(self, key, index, value, *, timeout=None) -> None:
         req = pb.ListSetRequest(key=to_bytes(key), index=index, value=to_bytes(value))
-        await self._unary("ListSet", req, write=True, timeout=timeout)
+        await self._unary("ListSet", req, write=True, timeout=timeout, keys=req.key)
 
     async def linsert(self, key, where, pivot, value, *, timeout=None) -> int:
         before = str(where).upper() == "BEFORE"
         if not before and str(where).upper() != "AFTER":
             raise ValueError("where must be BEFORE or AFTER")
         req = pb.ListInsertRequest(key=to_bytes(key), before=before, pivot=to_bytes(pivot), value=to_bytes(value))
-        return (await self._unary("ListInsert", req, write=True, timeout=timeout)).length
+        return (await self._unary("ListInsert", req, write=True, timeout=timeout, keys=req.key)).length
 
     async def lrem(self, key, count, value, *, timeout=None) -> int:
         req = pb.ListRemRequest(key=to_bytes(key), count=count, value=to_bytes(value))
-        return (await self._unary("ListRem", req, write=True, timeout=timeout)).removed
+        return (await self._unary("ListRem", req, write=True, timeout=timeout, keys=req.key)).removed
 
     async def ltrim(self, key, start, stop, *, timeout=None) -> None:
-        await self._unary("ListTrim", pb.ListTrimRequest(key=to_bytes(key), start=start, stop=stop), write=True,
-                          timeout=timeout)
+        req = pb.ListTrimRequest(key=to_bytes(key), start=start, stop=stop)
+        await self._unary("ListTrim", req, write=True, timeout=timeout, keys=req.key)
 
     async def lpos(self, key, value, *, rank=None, count=None, maxlen=None, timeout=None):
         """int | None without count; list of positions with it."""
@@ -305,7 +352,7 @@ class Commands:
         for name, v in (("rank", rank), ("count", count), ("max_len", maxlen)):
             if v is not None:
                 setattr(req, name, v)
-        resp = await self._unary("ListPos", req, write=False, timeout=timeout)
+        resp = await self._unary("ListPos", req, write=False, timeout=timeout, keys=req.key)
         if count is not None:
             return list(resp.positions)
         return resp.positions[0] if resp.positions else None
@@ -315,7 +362,8 @@ class Commands:
                                  to=end_to_pb(whereto), **{"from": end_to_pb(wherefrom)})
         if block_ms is not None:
             req.block_ms = block_ms
-        resp = await self._unary("ListMove", req, write=True, timeout=_block_timeout(block_ms, timeout))
+        resp = await self._unary("ListMove", req, write=True, timeout=_block_timeout(block_ms, timeout),
+                                 keys=[req.source, req.destination])
         return resp.value if resp.HasField("value") else None
 
     async def lmpop(self, keys, where="LEFT", count=None, *, block_ms=None, timeout=None):
@@ -325,21 +373,31 @@ class Commands:
             req.count = count
         if block_ms is not None:
             req.block_ms = block_ms
-        resp = await self._unary("ListMPop", req, write=True, timeout=_block_timeout(block_ms, timeout))
+        resp = await self._unary("ListMPop", req, write=True, timeout=_block_timeout(block_ms, timeout),
+                                 keys=list(req.keys))
         return (resp.key, list(resp.values)) if resp.HasField("key") else None
 
     async def llen(self, key, *, timeout=None) -> int:
-        return (await self._unary("ListLen", pb.ListLenRequest(key=to_bytes(key)), write=False,
-                                  timeout=timeout)).length
+        req = pb.ListLenRequest(key=to_bytes(key))
+        return (await self._unary("ListLen", req, write=False, timeout=timeout, keys=req.key)).length
 
     # -- anything else -------------------------------------------------------------------
 
-    async def execute(self, *argv, write=True, timeout=None):
+    async def execute(self, *argv, write=True, timeout=None, key=None):
         """Any command as redis argv; the reply as python values (bytes, int,
         str for a status, None, list, dict). `write=False` declares the
-        command read-only, which lets a lost connection be retried."""
+        command read-only, which lets a lost connection be retried.
+        Routing on a sharded cluster: by `key` if given, else by argv[1]
+        unless the command is keyless (KEYLESS_COMMANDS); a wrong guess costs
+        one redirect, and the server checks every key (CROSSSLOT)."""
         req = pb.ExecuteRequest(argv=[to_bytes(a) for a in argv])
-        return value_from_pb((await self._unary("Execute", req, write=write, timeout=timeout)).reply)
+        if key is not None:
+            keys = to_bytes(key)
+        elif len(req.argv) > 1 and req.argv[0].upper() not in KEYLESS_COMMANDS:
+            keys = req.argv[1]
+        else:
+            keys = None
+        return value_from_pb((await self._unary("Execute", req, write=write, timeout=timeout, keys=keys)).reply)
 
 
 def _stream_read_request(req, streams: dict, new_marker: str, new_field: str, count, block_ms):

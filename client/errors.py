@@ -298,3 +298,10 @@ def from_rpc_error(err: grpc.aio.AioRpcError, *, write: bool) -> XRaftError:
     if write and code in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED):
         return UnknownOutcomeError(f"{code.name}: {text}", grpc_code=code)
     return UnknownError(f"{code.name}: {text}", grpc_code=code)
+
+
+class NotSupportedError(XRaftError):
+    """The server does not implement the RPC (gRPC UNIMPLEMENTED), e.g.
+    ClusterLayout on a node from before sharding. Not a server error reason
+    (not in REASONS): it is what the client concludes from the status."""
+    reason = "UNIMPLEMENTED"

@@ -57,6 +57,21 @@ class Client:
     def client_id(self) -> int:
         return self._aio.client_id
 
+    @property
+    def routing_mode(self) -> str:
+        return self._aio.routing_mode
+
+    @property
+    def redirects(self) -> int:
+        return self._aio.redirects
+
+    @property
+    def layout_fetches(self) -> int:
+        return self._aio.layout_fetches
+
+    def leader_for(self, key):
+        return self._aio.leader_for(key)
+
     def subscribe(self, streams: dict, **kwargs):
         return self._iterate(self._aio.subscribe(streams, **kwargs))
 

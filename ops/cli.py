@@ -4,18 +4,24 @@
     xraftctl local down   --dir DIR
     xraftctl local status --dir DIR [--json]
     xraftctl local kill   --dir DIR --node ID [--signal KILL|TERM|STOP|CONT]
+    xraftctl status       --seed HOST:PORT [--json] [--token-file F] [--tls-ca F --tls-cert F --tls-key F]
+
+`local ...` manages processes on this machine; `status` (and every command to
+come that takes --seed) talks to any running cluster through the SDK.
 
 `--dir` may also come from XRAFT_LOCAL_DIR. Progress goes to stderr and results
 to stdout, so `xraftctl local status --json | jq` works while `up` still shows
 what it is waiting for. Failures exit 1 with the reason (and, for nodes that
 would not start, the end of their log).
 """
+import functools
 import json
 import sys
 import time
 
 import click
 
+from . import cluster_status
 from . import local_cluster as lc
 
 
@@ -31,7 +37,7 @@ def _run(fn, *args, **kwargs):
     """Library errors become click errors: `Error: <text>` on stderr, exit status 1."""
     try:
         return fn(*args, **kwargs)
-    except lc.LocalClusterError as e:
+    except (lc.LocalClusterError, cluster_status.StatusError) as e:
         raise click.ClickException(str(e))
 
 
@@ -134,6 +140,55 @@ def kill(dir_, node_id, sig):
     """Send a signal to one node (HA testing); `up` restarts it from disk afterwards."""
     node = _run(lc.kill, dir_, node_id, sig)
     click.echo(f"sent SIG{sig.upper()} to node {node_id} (pid {node.pid})")
+
+
+def seed_options(fn):
+    """--seed and the options to reach it (token, TLS), for every command that
+    talks to a running cluster; the command gets one `conn` argument."""
+    options = [
+        click.option("--seed", required=True, envvar="XRAFT_SEED", metavar="HOST:PORT",
+                     help="gRPC address of any node of the cluster (env XRAFT_SEED)."),
+        click.option("--token-file", type=click.Path(dir_okay=False), envvar="XRAFT_TOKEN_FILE",
+                     help="File holding the cluster's bearer token (the nodes' --token-file)."),
+        click.option("--tls/--no-tls", "tls", default=None,
+                     help="TLS to the nodes (default: on when a TLS file is given)."),
+        click.option("--tls-ca", type=click.Path(dir_okay=False), help="PEM of the CA that signed the nodes."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False),
+                     help="Client certificate (PEM), for nodes run with --tls-require-client-cert."),
+        click.option("--tls-key", type=click.Path(dir_okay=False), help="The client certificate's key (PEM)."),
+        click.option("--tls-server-name", help="Name checked in the nodes' certificates instead of the host."),
+        click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(0.1, 600),
+                     help="Seconds to wait for an answer."),
+    ]
+
+    def wrapper(seed, token_file, tls, tls_ca, tls_cert, tls_key, tls_server_name, timeout, **kwargs):
+        conn = _run(lambda: cluster_status.Connection(
+            seed, token=cluster_status.read_token(token_file) if token_file else None,
+            tls_ca=cluster_status.pem(tls_ca, "CA file"), tls_cert=cluster_status.pem(tls_cert, "certificate"),
+            tls_key=cluster_status.pem(tls_key, "key file"), tls=tls, server_name=tls_server_name,
+            timeout=timeout))
+        return fn(conn=conn, **kwargs)
+    wrapper = functools.update_wrapper(wrapper, fn)
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+@main.command("status")
+@seed_options
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"epoch", "nodes": [{"id", "grpc", "resp", "state"}], '
+                   '"groups": [{"id", "leader", "voters", "learners", "slots"}]}.')
+def cluster_status_command(conn, as_json):
+    """The cluster's layout: nodes, Raft groups (leader, voters, learners, slots), the epoch.
+
+    Exits 1 if no node answers, or if the seed runs an xraft without sharding
+    (it has no ClusterLayout to show)."""
+    layout = _run(cluster_status.fetch_layout, conn)
+    if as_json:
+        click.echo(json.dumps(layout.to_json(), indent=2))
+    else:
+        click.echo(cluster_status.table(layout))
 
 
 if __name__ == "__main__":
