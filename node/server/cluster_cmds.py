@@ -26,7 +26,7 @@ from ..engine.commands import lookup
 from ..engine.errors import CommandError, EngineError, not_integer, wrong_arity
 from ..engine.slots import SLOT_COUNT, key_slot
 from ..engine.streamid import string2ll
-from .routing import redirect, redirect_slot  # noqa: F401 (redirect re-exported)
+from .routing import follower_read_allowed, redirect, redirect_slot  # noqa: F401 (redirect re-exported)
 
 
 class Verbatim(bytes):
@@ -112,7 +112,7 @@ async def cluster_reply(backend, argv, protocol: int, follower_read: bool = Fals
         return cluster_command(backend, argv, protocol)
     slot, read_argv = read
     moved = redirect_slot(backend, slot)
-    if moved is not None and not follower_read:
+    if moved is not None and not (follower_read and follower_read_allowed(backend, slot)):
         raise CommandError(moved)
     return await backend.read(read_argv, moved is None)
 

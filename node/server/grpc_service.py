@@ -76,7 +76,7 @@ from .backend import BackendError, NotLeader, UnknownOutcome
 from .blocking import BlockingRegistry, run_blocking_read, run_blocking_write
 from .client_memory import ClientMemory
 from .cluster_cmds import cluster_command, slot_read
-from .routing import common_slot
+from .routing import common_slot, own_group
 from .info import SERVER_COMMANDS, command_command, info_text
 from .wire_errors import moved_message, noauth_message, timeout_message, unknown_outcome_message, \
     wire_for_message
@@ -281,7 +281,7 @@ class XRaftService(pb_grpc.XRaftServicer):
         if slot is None:
             return
         target = self.backend.redirect_for(slot)
-        if not target or target == self.backend.leader_address():
+        if not target or own_group(self.backend, target):
             return      # this node's own group: the backend answers NOT_LEADER, or serves a follower read
         raise Moved(slot, self._grpc_address_of(target) or "")
 

@@ -13,11 +13,11 @@ A command goes through redis 7.0's processCommand order (server.c):
 existence and arity (unknown command / wrong number of arguments, the
 connection stays), then NOAUTH while `requirepass` is set and the client has
 not authenticated, then MULTI queueing (a queue-time error flags the
-transaction, EXEC answers EXECABORT), then the cluster redirect (-MOVED to the
-leader from a follower), then execution:
+transaction, EXEC answers EXECABORT), then cluster routing (routing.py: -CROSSSLOT
+for keys in two slots, -MOVED to the slot's leader), then execution:
 
     server commands   AUTH HELLO CLIENT SELECT QUIT RESET MULTI EXEC DISCARD WATCH
-                      UNWATCH INFO CONFIG COMMAND CLUSTER READONLY READWRITE (here),
+                      UNWATCH INFO CONFIG COMMAND CLUSTER ASKING READONLY READWRITE (here),
                       FUNCTION DEBUG (admin_cmds.py), CLIENT's subcommands (client_cmds.py)
     writes            fsm resolve_command -> backend.submit (one request; blocking
                       forms through blocking.run_blocking_write)
@@ -71,7 +71,8 @@ from .blocking import BlockingRegistry, WaiterClosed, run_blocking_read, run_blo
 from .client_memory import ClientMemory, MeteredReading
 from .client_cmds import check_name, client_command, format_addr, info_line
 from .cluster_cmds import Verbatim, cluster_reply, command_keys, encode_verbatim
-from .routing import CrossSlot, common_slot, redirect, redirect_slot, transaction_slot
+from .routing import CrossSlot, common_slot, follower_read_allowed, redirect, redirect_slot, \
+    transaction_slot
 from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
 from .node_config import PARSERS as NODE_SETTINGS, apply_node_settings
 from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
@@ -373,11 +374,12 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
             return self._reject(CommandError(noauth_message()))
         backend = self.server.backend
         try:
-            moved = redirect_slot(backend, common_slot(command_keys(spec, argv)))
+            slot = common_slot(command_keys(spec, argv))
         except CrossSlot as e:            # before any redirect, as redis: nothing runs
             return self._reject(e)
+        moved = redirect_slot(backend, slot)
         linearizable = True
-        if moved is not None and self.readonly and not spec.is_write:
+        if moved is not None and self.readonly and not spec.is_write and follower_read_allowed(backend, slot):
             moved, linearizable = None, False   # READONLY: a follower serves the read, maybe stale
         if self.multi is not None:
             return self._reject(CommandError(moved)) if moved else self._queue(argv)

@@ -18,6 +18,12 @@ them (a transaction may watch a key of another slot, as in redis).
 
 The decision is per slot, so it stays right when a node hosts many groups:
 backend.redirect_for(slot) answers for the group that owns the slot.
+
+READONLY (a replica serves reads of its master's slots, maybe stale) and the
+gRPC front end (NOT_LEADER, which the SDK follows, rather than MOVED) treat a
+redirect to this node's own group leader differently from one to another
+group: `own_group(backend, target)` tells them apart, by the one leader the
+backend's NotLeader speaks for (backend.leader_address()).
 """
 from typing import Iterable, Optional
 
@@ -55,6 +61,18 @@ def redirect_slot(backend, slot: Optional[int]) -> Optional[str]:
     if target is None:
         return None
     return moved_message(slot, target) if target else cluster_down_message()
+
+
+def own_group(backend, target: Optional[str]) -> bool:
+    """Whether redirect_for's `target` is the leader of the group this node is a
+    member of (a follower's redirect), rather than a slot of another group."""
+    return bool(target) and target == backend.leader_address()
+
+
+def follower_read_allowed(backend, slot: Optional[int]) -> bool:
+    """READONLY: this node may serve a read of `slot` (maybe stale) instead of
+    -MOVED, as a redis replica does for its master's slots and only those."""
+    return slot is None or own_group(backend, backend.redirect_for(slot))
 
 
 def redirect(backend, keys) -> Optional[str]:
