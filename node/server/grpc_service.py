@@ -20,15 +20,16 @@ write whose outcome was unknown.
 
 Errors: every failure is a gRPC status whose details hold one ErrorDetail,
 both taken from wire_errors' one table (reason, status code, retriable).
-NOTLEADER carries the leader's gRPC address.
-
-Routing (routing.py), before anything runs: keys of one request in different
-slots answer CROSS_SLOT; a slot served by another group's leader (one that is
-not backend.leader_address(), whose NOT_LEADER the backend raises itself)
-answers MOVED with ErrorDetail.slot and that leader's gRPC address. A write that reached
+NOTLEADER carries the leader's gRPC address. A write that reached
 backend.submit and then failed in an unforeseen way is UNKNOWN_OUTCOME,
 never a plain failure: it may have been applied. (Bugs before proposing are
 INTERNAL, a row the table does not have: it is not a redis error.)
+
+Routing (routing.py), before anything runs: keys of one request in different
+slots answer CROSS_SLOT; a slot served by another group's leader (routing.
+own_group: not the leader the backend's NOT_LEADER names, which the SDK
+follows) answers MOVED with ErrorDetail.slot and that leader's gRPC address.
+Subscribe and Consume (grpc_streams.py) are not routed yet.
 
 Execute also answers the server-level commands an operator's script sends
 (they are not engine commands, so they would otherwise fail or cost a
@@ -63,8 +64,8 @@ from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 from ..engine.command_keys import command_keys
 from ..engine.commands import lookup
 from ..engine.errors import EngineError, wrong_arity
-from ..engine.slots import key_slot
 from ..engine.replies import NULL_ARRAY
+from ..engine.slots import key_slot
 from ..engine.stream_args import parse_xread_args
 from ..fsm.blocking import is_blocking_form
 from ..fsm.errors import NotAWrite, StaleRequest
@@ -76,8 +77,8 @@ from .backend import BackendError, NotLeader, UnknownOutcome
 from .blocking import BlockingRegistry, run_blocking_read, run_blocking_write
 from .client_memory import ClientMemory
 from .cluster_cmds import cluster_command, slot_read
-from .routing import common_slot, own_group
 from .info import SERVER_COMMANDS, command_command, info_text
+from .routing import common_slot, own_group
 from .wire_errors import moved_message, noauth_message, timeout_message, unknown_outcome_message, \
     wire_for_message
 

@@ -71,12 +71,12 @@ from .blocking import BlockingRegistry, WaiterClosed, run_blocking_read, run_blo
 from .client_memory import ClientMemory, MeteredReading
 from .client_cmds import check_name, client_command, format_addr, info_line
 from .cluster_cmds import Verbatim, cluster_reply, command_keys, encode_verbatim
-from .routing import CrossSlot, common_slot, follower_read_allowed, redirect, redirect_slot, \
-    transaction_slot
 from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
 from .node_config import PARSERS as NODE_SETTINGS, apply_node_settings
 from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
                    RespParser, RespProtocolError, encode_error, encode_reply)
+from .routing import CrossSlot, common_slot, follower_read_allowed, redirect, redirect_slot, \
+    transaction_slot
 from .wire_errors import noauth_message, not_leader_message, unavailable_message
 
 log = logging.getLogger("xraft.resp")
@@ -414,6 +414,10 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
 
     def _queue(self, argv, local: bytes = None):
         multi = self.multi
+        if multi.failed:
+            # redis queueMultiCommand: a doomed transaction stores nothing more (it
+            # still answers QUEUED), so EXEC routes only what came before the error.
+            return QUEUED
         if len(multi.commands) + len(multi.local) >= self.server.limits.max_queued_commands:
             return self._reject(CommandError("ERR xraft: too many commands queued in MULTI (limit %d)"
                                              % self.server.limits.max_queued_commands))
@@ -536,15 +540,16 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
             return CommandError("ERR EXEC without MULTI")
         multi, self.multi = self.multi, None
         watched, self.watched = self.watched, {}
-        if multi.failed:
-            return EngineError(EXECABORT_TEXT)
         try:
-            # redis routes EXEC by the keys of every queued command together.
+            # redis routes EXEC by the keys of every queued command together, in
+            # processCommand, so before execCommand's EXECABORT of a flagged queue.
             moved = redirect_slot(self.server.backend, transaction_slot(multi.commands))
         except CrossSlot as e:
             return e
         if moved is not None:
             return CommandError(moved)
+        if multi.failed:
+            return EngineError(EXECABORT_TEXT)
         if not multi.commands and not watched:
             result = []
         else:

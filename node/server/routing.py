@@ -12,7 +12,8 @@ engine/command_keys.py, the same extraction COMMAND GETKEYS answers with.
 MULTI/EXEC (processCommand + getNodeByQuery): each queued command is routed
 on its own as it is queued (a CROSSSLOT or MOVED reply flags the transaction,
 so EXEC answers EXECABORT); EXEC then routes the keys of all queued commands
-together: a queue that spans slots gets -CROSSSLOT from EXEC and is discarded.
+together, before it looks at that flag: a queue that spans slots gets
+-CROSSSLOT from EXEC (even when flagged) and is discarded.
 The keys of WATCH are routed like a command's, but EXEC does not look at
 them (a transaction may watch a key of another slot, as in redis).
 

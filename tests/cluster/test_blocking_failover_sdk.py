@@ -58,7 +58,7 @@ async def _blpop(c):
 
 
 async def _blmove(c):
-    r = await c.lmove("m", "dst", block_ms=BLOCK_MS, timeout=CALL_TIMEOUT_S)
+    r = await c.lmove("m", "{m}dst", block_ms=BLOCK_MS, timeout=CALL_TIMEOUT_S)    # one slot
     return [] if r is None else [r.decode()]
 
 
@@ -159,7 +159,7 @@ async def _scenario(cluster, kills: int, phase_s: float):
     leader = await asyncio.to_thread(cluster.wait_leader)
     with h.rclient(leader) as r:
         left = {"q": r.lrange("q", 0, -1), "m": r.lrange("m", 0, -1)}
-        dst = r.lrange("dst", 0, -1)
+        dst = r.lrange("{m}dst", 0, -1)
         left_s = r.xreadgroup(h.GROUP, "drainer", {"s": ">"})
         left["s"] = [eid for _, es in left_s for eid, _ in es]
         pel = {p["message_id"] for p in r.xpending_range("s", h.GROUP, "-", "+", 1 << 20)}

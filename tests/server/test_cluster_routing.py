@@ -95,6 +95,35 @@ def test_keys_in_slot_are_read_where_the_slot_lives(split):
                     + moved + b"+OK\r\n" + moved)
 
 
+def test_asking_holds_for_the_next_command_or_through_multi(split):
+    """No slot imports yet, so ASKING changes no reply: its flag's life is what redis's is."""
+    a, _ = split
+    conn = a.client()
+    conn.ping()
+
+    def flag():
+        return a.call(lambda: [c.asking for c in a.server.clients.values()])
+
+    assert flag() == [False]
+    conn.execute_command("ASKING")
+    assert flag() == [True]
+    conn.execute_command("ASKING")                 # ASKING after ASKING keeps it
+    assert flag() == [True]
+    conn.ping()                                    # any other command uses it up
+    assert flag() == [False]
+    conn.execute_command("ASKING")
+    conn.execute_command("MULTI")
+    conn.execute_command("GET", "k")
+    assert flag() == [True]                        # through a MULTI, until EXEC
+    conn.execute_command("EXEC")
+    assert flag() == [False]
+    conn.execute_command("MULTI")
+    conn.execute_command("ASKING")                 # queued: EXEC runs it
+    assert flag() == [False]
+    assert conn.execute_command("EXEC") == [b"OK"]
+    assert flag() == [False]                       # EXEC itself ends it, as redis resetClient does
+
+
 def test_cluster_info_counts_from_the_shards(split):
     a, b = split
     info = a.client().cluster("INFO")

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.redis_oracle import RedisOracle
-from tests.server.test_resp_server import ServerThread
+from tests.server.test_resp_server import ServerThread, raw_exchange
 from tests.server.test_resp_vs_redis import RawConn
 from xraft.node.engine.slots import key_slot
 
@@ -103,7 +103,7 @@ SCRIPTS = {
         "XREAD BLOCK 0 STREAMS s t $ $", "XREAD STREAMS s t 0", "XGROUP CREATE s g 0",
         "XREADGROUP GROUP g c STREAMS s t > >", "XREADGROUP GROUP g c BLOCK 0 STREAMS s t > >",
         "XREADGROUP GROUP g c STREAMS s {s}t > >", "LLEN b", "GET a", "TYPE s", "DBSIZE", "PING",
-        "KEYS *", "NOSUCH a b", "DEL",
+        "NOSUCH a b", "DEL",
     ]],
     "transactions": [(A, S(*w.split())) for w in [
         "MULTI", "SET a 1", "SET b 2", "EXEC", "GET a", "GET b",
@@ -112,7 +112,9 @@ SCRIPTS = {
         "MULTI", "XREAD STREAMS s t 0 0", "EXEC",
         "MULTI", "SET a 1", "XREAD STREAMS {a}s 0", "LMOVE a b LEFT LEFT", "EXEC",
         "MULTI", "EXEC", "MULTI", "PING", "EXEC", "MULTI", "SET a 9", "DISCARD", "GET a",
-        "MULTI", "SET a 1", "NOSUCH", "SET b 1", "EXEC",
+        "MULTI", "SET a 1", "NOSUCH", "SET b 1", "EXEC", "MULTI", "SET a 1", "NOSUCH", "SET {a}b 1", "EXEC",
+        "MULTI", "LMOVE a a LEFT LEFT", "RPUSH b w", "LMOVE a b LEFT LEFT", "EXEC",   # CROSSSLOT before EXECABORT
+        "MULTI", "LMOVE a a LEFT LEFT", "LMOVE a b LEFT LEFT", "RPUSH b w", "EXEC",   # after the error: not queued
     ]] + [
         (A, S("WATCH", "a", "b")), (A, S("WATCH", "a")), ("B", S("SET", "b", "1")), (A, S("MULTI")),
         (A, S("SET", "b", "2")), (A, S("EXEC")), (A, S("GET", "b")),
@@ -151,6 +153,15 @@ def test_routing_like_cluster_redis(cluster_redis, node, name):
     assert_like_redis(cluster_redis, node, SCRIPTS[name])
 
 
+def test_cluster_info_of_one_node_serving_every_slot(cluster_redis, node):
+    """Every field as redis's, in order (raw: a bulk of text lines, RESP2 and RESP3)."""
+    for request in (b"CLUSTER INFO\r\n", b"HELLO 3\r\nCLUSTER INFO\r\n"):
+        theirs, _ = raw_exchange(cluster_redis.port, request)
+        ours, _ = raw_exchange(node.port, request)
+        assert ours.rpartition(b"cluster_state:")[2] == theirs.rpartition(b"cluster_state:")[2]
+        assert theirs.count(b"cluster_state:ok\r\n") == 1 and ours[-300:] == theirs[-300:]
+
+
 def test_crossslot_runs_nothing(cluster_redis, node):
     """The scripts compare replies; here the state too: no key of a refused command changed."""
     steps = [(A, S(*w.split())) for w in ["RPUSH a 1", "RPUSH b 2", "LMOVE a b LEFT LEFT", "DEL a b",
@@ -169,8 +180,10 @@ key = st.sampled_from(KEYS)
 keys = st.lists(key, min_size=1, max_size=4)
 
 
-def _ops(draw_id):
-    """Strategies of argv (str words) for one step; `draw_id` gives increasing XADD ids."""
+def _ops():
+    """Strategies of argv (str words) for one step, or a MULTI block (a list of them).
+    No WATCH here: a DEL of several keys counts every one as modified in xraft
+    (docs/redis-differences.md, WATCH), which is not routing; the scripts route WATCH."""
     return st.one_of(
         key.map(lambda k: ("RPUSH", k, "v")),
         key.map(lambda k: ("SET", k, "v")),
@@ -186,20 +199,18 @@ def _ops(draw_id):
         keys.map(lambda ks: ("XREAD", "STREAMS", *ks, *["0"] * len(ks))),
         keys.map(lambda ks: ("LMPOP", str(len(ks)), *ks, "LEFT")),
         keys.map(lambda ks: ("BLPOP", *ks, "0.01")),
-        keys.map(lambda ks: ("WATCH", *ks)),
         st.lists(st.tuples(key, key).map(lambda t: ("LMOVE", *t, "LEFT", "LEFT")) | key.map(lambda k: ("RPUSH", k, "w")),
                  min_size=1, max_size=3).map(lambda cmds: [("MULTI",), *cmds, ("EXEC",)]),
     )
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(_ops(None), min_size=1, max_size=12))
+@given(st.lists(_ops(), min_size=1, max_size=12))
 def test_random_multi_key_commands_like_cluster_redis(cluster_redis, node, ops):
     steps = []
     for op in ops:
         for argv in (op if isinstance(op, list) else [op]):
             steps.append((A, S(*argv)))
-    steps.append((A, S("UNWATCH")))
     # Then every slot the keys live in: how many keys, and which, newest first.
     for slot in sorted({key_slot(k.encode()) for k in KEYS}):
         steps += [(A, S("CLUSTER", "COUNTKEYSINSLOT", str(slot))),
