@@ -42,6 +42,10 @@ class RedisOracle:
             args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                     "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
                     "--logfile", os.path.join(self.dir, "redis.log"), *extra_config]
+            if "--cluster-enabled" in extra_config and "--cluster-port" not in extra_config:
+                # The default bus port is port + 10000: above 65535 for a high ephemeral
+                # port (redis exits), or taken. A free one of its own, chosen per attempt.
+                args += ["--cluster-port", str(free_port())]
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.time() + 30
             while True:

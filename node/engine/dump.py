@@ -247,6 +247,7 @@ def load_keyspace(buf) -> Keyspace:
         prev = key
         db.data[key] = value
     r.done()
+    db.rebuild_slot_index()            # derived, never in the dump
     return db
 
 

@@ -6,6 +6,12 @@
     |             ListValue       (lists.py)
     |             Stream          (stream.py)
     +-- config: EngineConfig       node limits, settable per keyspace (CONFIG SET)
+    +-- slot_keys: dict[int, dict[bytes, None]]
+    |                              the keys of each cluster slot (slots.py), oldest
+    |                              first (CLUSTER GETKEYSINSLOT lists them newest
+    |                              first, as redis's per-slot list does); a slot
+    |                              with no key has no entry. Derived from `data`,
+    |                              never persisted: rebuilt when a dump is loaded
     +-- ready:  set[bytes]         keys that got new data since the last
                                    pop_ready_keys(): the server wakes blocked
                                    clients on them (XREAD BLOCK, BLPOP, ...);
@@ -13,12 +19,17 @@
                                    signalDeletedKeyAsReady): a blocked
                                    XREADGROUP must then fail (-UNBLOCKED)
 
+Invariant: slot_keys holds exactly the keys of `data`, each under key_slot(key);
+every insertion and removal of a key goes through set/delete/clear (or
+rebuild_slot_index after filling `data` directly), so it stays so.
 Invariant: no key maps to an empty list (an emptied list is deleted, as in Redis);
 an empty stream may exist (XADD NOMKSTREAM / XTRIM / XDEL keep it).
 """
 from dataclasses import dataclass, field
+from itertools import islice
 
 from .errors import WrongTypeError
+from .slots import key_slot
 
 
 @dataclass
@@ -42,6 +53,11 @@ class Keyspace:
     data: dict = field(default_factory=dict)
     config: EngineConfig = field(default_factory=EngineConfig)
     ready: set = field(default_factory=set)
+    slot_keys: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.data:
+            self.rebuild_slot_index()
 
     def get(self, key: bytes):
         return self.data.get(key)
@@ -56,13 +72,27 @@ class Keyspace:
     def set(self, key: bytes, value) -> None:
         old = self.data.get(key)
         self.data[key] = value
-        if old is not None and old is not value:
+        if old is None:
+            # A new key: the only case that touches the slot index (an XADD to an
+            # existing stream never calls set), so the hash is paid once per key.
+            slot = key_slot(key)
+            keys = self.slot_keys.get(slot)
+            if keys is None:
+                self.slot_keys[slot] = {key: None}
+            else:
+                keys[key] = None
+        elif old is not value:
             self._signal_gone(key, old)
 
     def delete(self, key: bytes) -> bool:
         old = self.data.pop(key, None)
         if old is None:
             return False
+        slot = key_slot(key)
+        keys = self.slot_keys[slot]
+        del keys[key]
+        if not keys:
+            del self.slot_keys[slot]
         self._signal_gone(key, old)
         return True
 
@@ -72,6 +102,24 @@ class Keyspace:
         for key, value in self.data.items():
             self._signal_gone(key, value)
         self.data.clear()
+        self.slot_keys.clear()
+
+    def rebuild_slot_index(self) -> None:
+        """slot_keys from `data` (after a load filled `data` directly), in `data`'s order."""
+        self.slot_keys = {}
+        for key in self.data:
+            self.slot_keys.setdefault(key_slot(key), {})[key] = None
+
+    def count_keys_in_slot(self, slot: int) -> int:
+        keys = self.slot_keys.get(slot)
+        return len(keys) if keys else 0
+
+    def keys_in_slot(self, slot: int, count: int) -> list:
+        """Up to `count` keys of `slot`, the newest first (redis's GETKEYSINSLOT order)."""
+        keys = self.slot_keys.get(slot)
+        if not keys or count <= 0:
+            return []
+        return list(islice(reversed(keys), count))
 
     def _signal_gone(self, key: bytes, old) -> None:
         # Only a stream's waiters care that their key went away: a blocked

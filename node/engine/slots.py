@@ -9,30 +9,17 @@ and at least one byte lies between them, only those bytes are hashed; otherwise
 the whole key is. Only the first '{' and the first '}' after it count
 ("{}{a}" hashes whole, "{{a}}" hashes "{a").
 """
+import binascii
+
 SLOT_COUNT = 16384          # Invariant: a power of two (slot = crc & (SLOT_COUNT - 1))
-_POLY = 0x1021
-
-
-def _make_table() -> tuple:
-    table = []
-    for byte in range(256):
-        crc = byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ _POLY) if crc & 0x8000 else (crc << 1)
-        table.append(crc & 0xFFFF)
-    return tuple(table)
-
-
-_CRC16_TABLE = _make_table()   # Invariant: _CRC16_TABLE[b] == crc16 of the single byte b
 
 
 def crc16(data: bytes) -> int:
-    """CRC16-XMODEM, table driven (one lookup per byte)."""
-    crc = 0
-    table = _CRC16_TABLE
-    for b in data:
-        crc = ((crc << 8) & 0xFFFF) ^ table[((crc >> 8) ^ b) & 0xFF]
-    return crc
+    """CRC16-XMODEM. binascii.crc_hqx is exactly that (CRC-CCITT, polynomial 0x1021,
+    no reflection) when started from 0, and runs in C: the keyspace hashes every
+    new key for its per-slot index (keyspace.py), so this is on the write path
+    (tests/engine/test_slots.py checks it against redis and the catalogued value)."""
+    return binascii.crc_hqx(data, 0)
 
 
 def hash_tag(key: bytes) -> bytes:

@@ -265,7 +265,9 @@ class StateMachine:
         for a write: writes go through the log."""
         argv = [bytes(a) for a in argv]
         try:
-            spec = lookup(argv)
+            # Internal reads (engine/cmd_slots.py) are the server's own: clients
+            # cannot reach them, since both front ends look commands up first.
+            spec = lookup(argv, internal=True)
         except EngineError as e:
             return e
         if spec.is_write:

@@ -204,6 +204,11 @@ class Backend(abc.ABC):
     def advertise(self, host: str, port: int) -> None:
         """The RESP server tells the backend where it listens (port 0 binds)."""
 
+    def hosts_slot(self, slot: int) -> bool:
+        """Whether this node holds a replica of the group that owns `slot` (one group
+        serves every slot unless a backend says otherwise)."""
+        return True
+
     def applied_index(self, keys=()) -> int:
         """The last log index applied on this node (of the group serving `keys`): what a
         WATCH remembers (fsm/watch.py). Both backends apply into `self.sm`, a StateMachine."""

@@ -1,5 +1,5 @@
-"""Redis Cluster's view of a Raft group: CLUSTER SLOTS/SHARDS/NODES/MYID/KEYSLOT/INFO,
-key extraction, and the -MOVED redirect.
+"""Redis Cluster's view of the node's Raft groups: CLUSTER SLOTS/SHARDS/NODES/MYID/
+KEYSLOT/INFO/COUNTKEYSINSLOT/GETKEYSINSLOT, and COMMAND GETKEYS.
 
 A redis cluster client (redis-py's RedisCluster, redis-cli -c) learns the
 topology from CLUSTER SLOTS and follows -MOVED. We describe each group as one
@@ -20,11 +20,13 @@ clusterGenNodesDescription):
     CLUSTER NODES   "<id> <ip>:<port>@<cport> <flags> <master|-> 0 0 0 connected <slots>\\n"...
                     (bulk in RESP2, verbatim "txt" in RESP3)
 """
+from ..engine.cmd_slots import COUNT_KEYS_IN_SLOT, GET_KEYS_IN_SLOT
 from ..engine.command_keys import MOVABLE, command_keys  # noqa: F401 (re-exported)
 from ..engine.commands import lookup
-from ..engine.errors import CommandError, EngineError, wrong_arity
-from ..engine.slots import key_slot
-from .wire_errors import cluster_down_message, moved_message
+from ..engine.errors import CommandError, EngineError, not_integer, wrong_arity
+from ..engine.slots import SLOT_COUNT, key_slot
+from ..engine.streamid import string2ll
+from .routing import follower_read_allowed, redirect, redirect_slot  # noqa: F401 (redirect re-exported)
 
 
 class Verbatim(bytes):
@@ -38,18 +40,7 @@ def encode_verbatim(data: bytes, protocol: int) -> bytes:
 
 
 # -- keys -------------------------------------------------------------------------
-
-def redirect(backend, keys):
-    """The -MOVED/-CLUSTERDOWN text if this node does not serve keys[0]'s slot, else None.
-    One group serves every slot, so the first key decides for all of them."""
-    if not keys:
-        return None
-    slot = key_slot(bytes(keys[0]))
-    target = backend.redirect_for(slot)
-    if target is None:
-        return None
-    return moved_message(slot, target) if target else cluster_down_message()
-
+# The routing of keys (CROSSSLOT, MOVED) lives in routing.py; `redirect` is re-exported.
 
 def getkeys(argv) -> list:
     """COMMAND GETKEYS <command> <args...>, with redis 7.0's errors."""
@@ -67,11 +58,12 @@ def getkeys(argv) -> list:
 
 # -- CLUSTER -------------------------------------------------------------------------
 
-_ARITY = {b"slots": 2, b"shards": 2, b"nodes": 2, b"myid": 2, b"info": 2, b"keyslot": 3}
+_ARITY = {b"slots": 2, b"shards": 2, b"nodes": 2, b"myid": 2, b"info": 2, b"keyslot": 3,
+          b"countkeysinslot": 3, b"getkeysinslot": 4}
 
 
-def cluster_command(backend, argv, protocol: int):
-    """The reply to CLUSTER <sub> ...; raises EngineError with redis's texts."""
+def _subcommand(argv) -> bytes:
+    """CLUSTER's subcommand, lower case, after redis's unknown-subcommand and arity checks."""
     if len(argv) < 2:
         raise wrong_arity("cluster")
     sub = bytes(argv[1]).lower()
@@ -81,6 +73,56 @@ def cluster_command(backend, argv, protocol: int):
                            % bytes(argv[1])[:128].decode("utf-8", "replace"))
     if len(argv) != arity:
         raise wrong_arity("cluster|" + sub.decode())
+    return sub
+
+
+def _long_long(raw) -> int:
+    n = string2ll(bytes(raw))
+    if n is None:
+        raise not_integer()
+    return n
+
+
+def slot_read(argv):
+    """(slot, the engine's internal read argv) for COUNTKEYSINSLOT/GETKEYSINSLOT,
+    checked in redis's order and with its texts (cluster.c clusterCommand); None
+    for the other subcommands."""
+    sub = _subcommand(argv)
+    if sub == b"countkeysinslot":
+        slot = _long_long(argv[2])
+        if not 0 <= slot < SLOT_COUNT:
+            raise CommandError("ERR Invalid slot")
+        return slot, [COUNT_KEYS_IN_SLOT, b"%d" % slot]
+    if sub == b"getkeysinslot":
+        slot = _long_long(argv[2])
+        count = _long_long(argv[3])
+        if not 0 <= slot < SLOT_COUNT or count < 0:
+            raise CommandError("ERR Invalid slot or number of keys")
+        return slot, [GET_KEYS_IN_SLOT, b"%d" % slot, b"%d" % count]
+    return None
+
+
+async def cluster_reply(backend, argv, protocol: int, follower_read: bool = False):
+    """The reply to CLUSTER <sub> ...; raises EngineError with redis's texts.
+    COUNTKEYSINSLOT/GETKEYSINSLOT read the keys of the slot where its group
+    applies them (a ReadIndex read; -MOVED when another node serves the slot,
+    unless `follower_read`: READONLY, served here, maybe stale)."""
+    read = slot_read(argv)
+    if read is None:
+        return cluster_command(backend, argv, protocol)
+    slot, read_argv = read
+    moved = redirect_slot(backend, slot)
+    if moved is not None and not (follower_read and follower_read_allowed(backend, slot)):
+        raise CommandError(moved)
+    return await backend.read(read_argv, moved is None)
+
+
+def cluster_command(backend, argv, protocol: int):
+    """The reply to the CLUSTER subcommands answered from the topology (not the
+    keys); raises EngineError with redis's texts."""
+    sub = _subcommand(argv)
+    if sub in (b"countkeysinslot", b"getkeysinslot"):
+        raise CommandError("ERR xraft: CLUSTER %s reads keys: use cluster_reply" % sub.decode().upper())
     if sub == b"keyslot":
         return key_slot(bytes(argv[2]))
     if sub == b"myid":
@@ -143,18 +185,43 @@ def cluster_nodes(backend) -> bytes:
 
 
 def cluster_info(backend) -> bytes:
+    """CLUSTER INFO's fields (redis 7.0 clusterGenNodesSlotsInfo/clusterCommand "info"),
+    every figure counted from backend.shards(), so they hold for any number of
+    groups: a node in several groups is one known node; cluster_size counts the
+    distinct masters serving a slot, as redis does; slots of a shard whose master
+    is unhealthy are "fail". Epochs: a shard's `epoch` (the slot map's, once the
+    backend gives one; 0 until then, as a fresh redis cluster node has)."""
     shards = backend.shards()
-    assigned = sum(b - a + 1 for s in shards for a, b in s.slot_ranges)
-    known = sum(len(s.nodes) for s in shards)
+    assigned = ok = failed = 0
+    known, masters = set(), set()
+    current_epoch = my_epoch = 0
+    for shard in shards:
+        count = sum(b - a + 1 for a, b in shard.slot_ranges)
+        assigned += count
+        master = shard.nodes[0] if shard.nodes else None
+        if master is not None and master.healthy:
+            ok += count
+        else:
+            failed += count
+        if master is not None and count:
+            masters.add(master.node_id)
+        known.update(n.node_id for n in shard.nodes)
+        epoch = getattr(shard, "epoch", 0)
+        current_epoch = max(current_epoch, epoch)
+        if any(n.myself for n in shard.nodes):
+            my_epoch = max(my_epoch, epoch)
     fields = [
-        ("cluster_state", "ok" if assigned == 16384 else "fail"),
+        ("cluster_state", "ok" if ok == SLOT_COUNT else "fail"),
         ("cluster_slots_assigned", assigned),
-        ("cluster_slots_ok", assigned),
+        ("cluster_slots_ok", ok),
         ("cluster_slots_pfail", 0),
-        ("cluster_slots_fail", 0),
-        ("cluster_known_nodes", known),
-        ("cluster_size", len(shards)),
-        ("cluster_current_epoch", 0),
-        ("cluster_my_epoch", 0),
+        ("cluster_slots_fail", failed),
+        ("cluster_known_nodes", max(len(known), 1)),        # redis always knows itself
+        ("cluster_size", len(masters)),
+        ("cluster_current_epoch", current_epoch),
+        ("cluster_my_epoch", my_epoch),
+        ("cluster_stats_messages_sent", 0),
+        ("cluster_stats_messages_received", 0),
+        ("total_cluster_links_buffer_limit_exceeded", 0),
     ]
     return "".join("%s:%s\r\n" % kv for kv in fields).encode()

@@ -25,6 +25,12 @@ backend.submit and then failed in an unforeseen way is UNKNOWN_OUTCOME,
 never a plain failure: it may have been applied. (Bugs before proposing are
 INTERNAL, a row the table does not have: it is not a redis error.)
 
+Routing (routing.py), before anything runs: keys of one request in different
+slots answer CROSS_SLOT; a slot of a group this node has no replica of (routing.
+own_group; for its own groups the backend answers NOT_LEADER, which the SDK
+follows) answers MOVED with ErrorDetail.slot and that leader's gRPC address.
+Subscribe and Consume (grpc_streams.py) are not routed yet.
+
 Execute also answers the server-level commands an operator's script sends
 (they are not engine commands, so they would otherwise fail or cost a
 ReadIndex round): PING [msg] answered here, INFO [section ...] built by
@@ -60,6 +66,8 @@ from grpc_status import rpc_status
 from xraft.proto.v1 import client_pb2 as pb
 from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 
+from ..engine.command_keys import command_keys
+from ..engine.commands import lookup
 from ..engine.errors import EngineError, wrong_arity
 from ..engine.replies import NULL_ARRAY
 from ..engine.slots import key_slot
@@ -73,9 +81,11 @@ from . import grpc_streams
 from .backend import BackendError, NotLeader, UnknownOutcome
 from .blocking import BlockingRegistry, run_blocking_read, run_blocking_write
 from .client_memory import ClientMemory
-from .cluster_cmds import cluster_command
+from .cluster_cmds import cluster_command, slot_read
 from .info import SERVER_COMMANDS, command_command, info_text
-from .wire_errors import noauth_message, timeout_message, unknown_outcome_message, wire_for_message
+from .routing import common_slot, own_group
+from .wire_errors import moved_message, noauth_message, timeout_message, unknown_outcome_message, \
+    wire_for_message
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["XRaft"].full_name
 REQUEST_ID_KEY = "xraft-request-id"
@@ -100,6 +110,13 @@ class NoClientMemory(BackendError):
     def __init__(self, size: int, memory):
         super().__init__("BUSY xraft: client memory limit reached (a request of %d bytes, %d of %d bytes "
                          "in use); retry later" % (size, memory.used, memory.limit))
+
+
+class Moved(BackendError):
+    """The slot is served by another group's leader: nothing was done there."""
+
+    def __init__(self, slot: int, grpc_address: str):
+        super().__init__(moved_message(slot, grpc_address))
 
 
 class Unauthenticated(BackendError):
@@ -273,6 +290,22 @@ class XRaftService(pb_grpc.XRaftServicer):
 
     # -- the command paths ----------------------------------------------------------------
 
+    def _route(self, argv) -> None:
+        """CROSS_SLOT or MOVED for a command's keys (module doc); nothing when it is served here."""
+        try:
+            spec = lookup(argv)
+        except EngineError:
+            return                        # fails by itself, with redis's text
+        self._route_slot(common_slot(command_keys(spec, argv)))
+
+    def _route_slot(self, slot) -> None:
+        if slot is None:
+            return
+        target = self.backend.redirect_for(slot)
+        if not target or own_group(self.backend, slot):
+            return      # this node's own group: the backend answers NOT_LEADER, or serves a follower read
+        raise Moved(slot, self._grpc_address_of(target) or "")
+
     async def _submit(self, call: _Call, requests):
         left = call.remaining()
         if left is not None and left <= 0:
@@ -286,7 +319,9 @@ class XRaftService(pb_grpc.XRaftServicer):
         except TimeoutError:
             raise UnknownOutcome() from None
 
-    async def _read(self, call: _Call, argv):
+    async def _read(self, call: _Call, argv, route: bool = True):
+        if route:
+            self._route(argv)
         left = call.remaining()
         if left is not None and left <= 0:
             raise Timeout()
@@ -296,6 +331,7 @@ class XRaftService(pb_grpc.XRaftServicer):
     async def _write(self, call: _Call, argv):
         """A write command (blocking forms included): its reply."""
         resolved = resolve_command(call.client_id, call.seq, argv)
+        self._route(argv)
         if resolved.plan is None:
             return _ok((await self._submit(call, [resolved.request]))[0])
         plan = dataclasses.replace(resolved.plan, timeout_ms=call.block_ms(resolved.plan.timeout_ms))
@@ -307,13 +343,14 @@ class XRaftService(pb_grpc.XRaftServicer):
     async def _xread(self, call: _Call, argv, keys, timeout_ms):
         if timeout_ms is None:
             return await self._read(call, argv)
+        self._route(argv)
         return _ok(await run_blocking_read(self.backend, self.registry, argv, list(dict.fromkeys(keys)),
                                            call.block_ms(timeout_ms), call.linearizable, call))
 
     async def _execute(self, call: _Call, argv):
         name = bytes(argv[0]).lower()
         if name in _SERVER_EXECUTE:
-            return await _SERVER_EXECUTE[name](self, argv)
+            return await _SERVER_EXECUTE[name](self, call, argv)
         try:
             return await self._write(call, argv)
         except NotAWrite:
@@ -325,27 +362,33 @@ class XRaftService(pb_grpc.XRaftServicer):
 
     # -- server-level commands for Execute (module doc) -------------------------------------
 
-    async def _server_ping(self, argv):
+    async def _server_ping(self, call, argv):
         if len(argv) > 2:
             raise wrong_arity("ping")
         return "PONG" if len(argv) == 1 else bytes(argv[1])
 
-    async def _server_info(self, argv):
+    async def _server_info(self, call, argv):
         sections = [bytes(a).decode("latin-1").lower() for a in argv[1:]]
         dbsize = await self.backend.read([b"DBSIZE"], False)     # this replica's, as RESP's INFO
         return info_text(self.info_server, sections, dbsize if isinstance(dbsize, int) else 0)
 
-    async def _server_cluster(self, argv):
+    async def _server_cluster(self, call, argv):
         _check_arity("cluster", argv)
-        return cluster_command(self.backend, argv, 3)
+        read = slot_read(argv)            # COUNTKEYSINSLOT / GETKEYSINSLOT read the slot's keys
+        if read is None:
+            return cluster_command(self.backend, argv, 3)
+        slot, read_argv = read
+        self._route_slot(slot)
+        return await self._read(call, read_argv, route=False)
 
-    async def _server_command(self, argv):
+    async def _server_command(self, call, argv):
         return command_command(argv)
 
     # -- streams ---------------------------------------------------------------------------
 
     async def XAdd(self, request, context):
         async def body(call):
+            self._route_slot(key_slot(request.key))
             batch, without = cv.xadd_batch(request)
             results = []
             if batch is not None:

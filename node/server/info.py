@@ -41,6 +41,7 @@ SERVER_COMMANDS = {
     "config": (-2, ("admin", "noscript", "loading", "stale")),
     "command": (-1, ("loading", "stale")),
     "cluster": (-2, ()),
+    "asking": (1, ("fast",)),
     "readonly": (1, ("loading", "stale", "fast")),
     "readwrite": (1, ("loading", "stale", "fast")),
     "function": (-2, ()),
@@ -52,7 +53,7 @@ _GROUPS = {
     "transactions": ("multi", "exec", "discard", "watch", "unwatch"),
     "server": ("info", "config", "command", "dbsize", "flushall", "flushdb", "debug"),
     "scripting": ("function",),
-    "cluster": ("cluster", "readonly", "readwrite"),
+    "cluster": ("asking", "cluster", "readonly", "readwrite"),
     "string": ("get", "set"),
     "generic": ("del", "exists", "keys", "object", "rename", "renamenx", "scan", "type", "unlink"),
 }

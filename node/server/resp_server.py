@@ -13,11 +13,11 @@ A command goes through redis 7.0's processCommand order (server.c):
 existence and arity (unknown command / wrong number of arguments, the
 connection stays), then NOAUTH while `requirepass` is set and the client has
 not authenticated, then MULTI queueing (a queue-time error flags the
-transaction, EXEC answers EXECABORT), then the cluster redirect (-MOVED to the
-leader from a follower), then execution:
+transaction, EXEC answers EXECABORT), then cluster routing (routing.py: -CROSSSLOT
+for keys in two slots, -MOVED to the slot's leader), then execution:
 
     server commands   AUTH HELLO CLIENT SELECT QUIT RESET MULTI EXEC DISCARD WATCH
-                      UNWATCH INFO CONFIG COMMAND CLUSTER READONLY READWRITE (here),
+                      UNWATCH INFO CONFIG COMMAND CLUSTER ASKING READONLY READWRITE (here),
                       FUNCTION DEBUG (admin_cmds.py), CLIENT's subcommands (client_cmds.py)
     writes            fsm resolve_command -> backend.submit (one request; blocking
                       forms through blocking.run_blocking_write)
@@ -70,11 +70,13 @@ from .backend import BackendError, LocalBackend
 from .blocking import BlockingRegistry, WaiterClosed, run_blocking_read, run_blocking_write
 from .client_memory import ClientMemory, MeteredReading
 from .client_cmds import check_name, client_command, format_addr, info_line
-from .cluster_cmds import Verbatim, cluster_command, command_keys, encode_verbatim, redirect
+from .cluster_cmds import Verbatim, cluster_reply, command_keys, encode_verbatim
 from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
 from .node_config import PARSERS as NODE_SETTINGS, apply_node_settings
 from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
                    RespParser, RespProtocolError, encode_error, encode_reply)
+from .routing import CrossSlot, common_slot, follower_read_allowed, redirect, redirect_slot, \
+    transaction_slot
 from .wire_errors import noauth_message, not_leader_message, unavailable_message
 
 log = logging.getLogger("xraft.resp")
@@ -96,6 +98,8 @@ _NO_AUTH = frozenset((b"auth", b"hello", b"quit", b"reset"))
 _CONTAINERS = frozenset((b"client", b"config", b"cluster", b"command", b"function", b"object",
                          b"xgroup", b"xinfo"))
 _NOT_QUEUED = frozenset((b"exec", b"discard", b"multi", b"watch", b"quit", b"reset"))
+# Queued by MULTI like any command in redis, but they only set a flag of the connection.
+_CONNECTION_FLAGS = frozenset((b"asking", b"readonly", b"readwrite"))
 
 
 @dataclass
@@ -115,6 +119,9 @@ class ServerLimits:
 @dataclass
 class _Multi:
     commands: list = field(default_factory=list)
+    # Connection commands queued among them (ASKING READONLY READWRITE): (position
+    # in the queue, name); EXEC runs them here and puts their +OK at that position.
+    local: list = field(default_factory=list)
     failed: bool = False
 
 
@@ -138,6 +145,7 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         self.blocked = False            # a blocking command is parked (CLIENT LIST flag b)
         self.fd = -1
         self.readonly = False           # READONLY: a follower may serve reads stale
+        self.asking = False             # ASKING: the next key command may use an importing slot
         self.created = time.monotonic()
         self.last_active = self.created
         self.last_cmd = "NULL"
@@ -323,6 +331,10 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         except WaiterClosed:
             self._abandon = True
             return b""
+        finally:
+            # ASKING holds for the next command only, or through a MULTI (redis resetClient).
+            if self.asking and self.multi is None and bytes(argv[0]).lower() != b"asking":
+                self.asking = False
 
     # -- dispatch -------------------------------------------------------------------------
     async def _dispatch(self, argv):
@@ -338,6 +350,8 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
             if not self.authenticated and name not in _NO_AUTH:
                 return self._reject(CommandError(noauth_message()))
             if self.multi is not None and name not in _NOT_QUEUED:
+                if name in _CONNECTION_FLAGS:
+                    return self._queue(argv, local=name)
                 if name == b"config" and bytes(argv[1]).lower() == b"set":
                     try:
                         queue_check(argv)         # CONFIG SET's arity error is a queue-time error
@@ -359,10 +373,13 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         if not self.authenticated:
             return self._reject(CommandError(noauth_message()))
         backend = self.server.backend
-        keys = command_keys(spec, argv)
-        moved = redirect(backend, keys)
+        try:
+            slot = common_slot(command_keys(spec, argv))
+        except CrossSlot as e:            # before any redirect, as redis: nothing runs
+            return self._reject(e)
+        moved = redirect_slot(backend, slot)
         linearizable = True
-        if moved is not None and self.readonly and not spec.is_write:
+        if moved is not None and self.readonly and not spec.is_write and follower_read_allowed(backend, slot):
             moved, linearizable = None, False   # READONLY: a follower serves the read, maybe stale
         if self.multi is not None:
             return self._reject(CommandError(moved)) if moved else self._queue(argv)
@@ -395,11 +412,19 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
             self.multi.failed = True
         return err
 
-    def _queue(self, argv):
-        if len(self.multi.commands) >= self.server.limits.max_queued_commands:
+    def _queue(self, argv, local: bytes = None):
+        multi = self.multi
+        if multi.failed:
+            # redis queueMultiCommand: a doomed transaction stores nothing more (it
+            # still answers QUEUED), so EXEC routes only what came before the error.
+            return QUEUED
+        if len(multi.commands) + len(multi.local) >= self.server.limits.max_queued_commands:
             return self._reject(CommandError("ERR xraft: too many commands queued in MULTI (limit %d)"
                                              % self.server.limits.max_queued_commands))
-        self.multi.commands.append(tuple(bytes(a) for a in argv))
+        if local is not None:
+            multi.local.append((len(multi.commands) + len(multi.local), local))
+        else:
+            multi.commands.append(tuple(bytes(a) for a in argv))
         return QUEUED
 
     # -- server commands -------------------------------------------------------------------
@@ -489,6 +514,7 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         self.multi = None
         self.watched = {}
         self.readonly = False
+        self.asking = False
         self.name = None
         self.proto = 2
         if self.server.requirepass is not None:
@@ -514,14 +540,27 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
             return CommandError("ERR EXEC without MULTI")
         multi, self.multi = self.multi, None
         watched, self.watched = self.watched, {}
+        try:
+            # redis routes EXEC by the keys of every queued command together, in
+            # processCommand, so before execCommand's EXECABORT of a flagged queue.
+            moved = redirect_slot(self.server.backend, transaction_slot(multi.commands))
+        except CrossSlot as e:
+            return e
+        if moved is not None:
+            return CommandError(moved)
         if multi.failed:
             return EngineError(EXECABORT_TEXT)
         if not multi.commands and not watched:
-            return []
-        # Watched keys: the fsm compares their versions with these indices when
-        # it applies the transaction (fsm/watch.py), on whichever leader that is.
-        request = resolve_transaction(0, 0, multi.commands, list(watched.items()))
-        return (await self.server.backend.submit([request]))[0]
+            result = []
+        else:
+            # Watched keys: the fsm compares their versions with these indices when
+            # it applies the transaction (fsm/watch.py), on whichever leader that is.
+            request = resolve_transaction(0, 0, multi.commands, list(watched.items()))
+            result = (await self.server.backend.submit([request]))[0]
+        if multi.local and isinstance(result, list):       # not aborted
+            for position, name in multi.local:             # ascending: each lands at its own place
+                result.insert(position, await SERVER_HANDLERS[name](self, [name]))
+        return result
 
     async def cmd_watch(self, argv):
         if self.multi is not None:
@@ -550,6 +589,10 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
 
     async def cmd_debug(self, argv):
         return await debug_command(argv)
+
+    async def cmd_asking(self, argv):
+        self.asking = True
+        return OK
 
     async def cmd_readonly(self, argv):
         self.readonly = True
@@ -591,7 +634,7 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         return command_command(argv)
 
     async def cmd_cluster(self, argv):
-        return cluster_command(self.server.backend, argv, self.proto)
+        return await cluster_reply(self.server.backend, argv, self.proto, follower_read=self.readonly)
 
 
 SERVER_HANDLERS = {name.encode(): getattr(Client, "cmd_" + name) for name in SERVER_COMMANDS}

@@ -41,6 +41,7 @@ import asyncio
 from typing import Callable, Optional, Sequence
 
 from ..cluster.slot_map import SlotMap
+from ..engine.cmd_slots import COUNT_KEYS_IN_SLOT, GET_KEYS_IN_SLOT
 from ..engine.command_keys import command_keys
 from ..engine.commands import lookup
 from ..engine.errors import CommandError, EngineError
@@ -56,6 +57,9 @@ from .wire_errors import moved_message
 CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
 SCAN_GROUP_BITS = 16             # group ids are uint16 (slot_map.MAX_GROUP_ID)
 _FAN_OUT = frozenset((b"flushall", b"flushdb"))
+# Internal keyless reads that name a slot in argv[1] (CLUSTER COUNTKEYSINSLOT/GETKEYSINSLOT):
+# served by that slot's group.
+_SLOT_READS = frozenset((COUNT_KEYS_IN_SLOT, GET_KEYS_IN_SLOT))
 
 
 class ShardedBackend(Backend):
@@ -183,6 +187,9 @@ class ShardedBackend(Backend):
 
     # -- reads ------------------------------------------------------------------------------
     async def read(self, argv, linearizable: bool = True):
+        if bytes(argv[0]).lower() in _SLOT_READS:
+            slot = int(argv[1])            # cluster_cmds.slot_read validated it (0..16383)
+            return await self._on(self._backend_for_slot(slot), slot, lambda b: b.read(argv, linearizable))
         try:
             spec = lookup([bytes(a) for a in argv])
         except EngineError as e:
@@ -252,6 +259,9 @@ class ShardedBackend(Backend):
             return self.addresses[self.raft_id].resp
         b = self.groups.get(self.group_of_slot(0))
         return b.leader_address() if b is not None else None
+
+    def hosts_slot(self, slot: int) -> bool:
+        return self.group_of_slot(slot) in self.groups
 
     def redirect_for(self, slot: int) -> Optional[str]:
         b = self.groups.get(self.group_of_slot(slot))

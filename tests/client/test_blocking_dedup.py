@@ -71,9 +71,9 @@ def test_blpop_resend_after_a_lost_served_reply_gets_the_popped_element():
 def test_blmove_resend_after_a_lost_served_reply_gets_the_moved_element_once():
     async def check(result, _, producer):
         assert result == b"a"
-        assert await producer.lrange("dst", 0, -1) == [b"a"]        # moved once
+        assert await producer.lrange("{src}dst", 0, -1) == [b"a"]        # moved once
         assert await producer.lrange("src", 0, -1) == [b"b"]
-    run(lambda: _lost_served_reply(lambda c: c.lmove("src", "dst", block_ms=BLOCK_MS),
+    run(lambda: _lost_served_reply(lambda c: c.lmove("src", "{src}dst", block_ms=BLOCK_MS),
                                    lambda p: p.rpush("src", "a", "b"), check))
 
 

@@ -225,7 +225,7 @@ def test_deadline_hint_cuts_a_blocking_read_and_refuses_late_writes():
                 resp = await stub.XRead(req, timeout=5)
                 assert list(resp.streams) == [] and 0.2 < loop.time() - t0 < 2
                 # BLPOP with a timeout: the engine's timeout reply (nil), in time.
-                resp = await stub.ListPop(pb.ListPopRequest(keys=[b"l1", b"l2"], block_ms=100), timeout=5)
+                resp = await stub.ListPop(pb.ListPopRequest(keys=[b"{l}1", b"{l}2"], block_ms=100), timeout=5)
                 assert resp.nil
     run(body)
 

@@ -62,7 +62,8 @@ SCRIPT = [
     ("xrange", ("s",), {}, "XRANGE s - +", _entries),
     ("xrange", ("s", "(1-1", "+", 1), {}, "XRANGE s (1-1 + COUNT 1", _entries),
     ("xrevrange", ("s", "+", "1"), {}, "XREVRANGE s + 1", _entries),
-    ("xread", ({"s": "1-1", "other": "0-0"},), {"count": 5}, "XREAD COUNT 5 STREAMS s other 1-1 0-0", _streams),
+    ("xread", ({"s": "1-1", "{s}other": "0-0"},), {"count": 5}, "XREAD COUNT 5 STREAMS s {s}other 1-1 0-0",
+     _streams),                                                   # the keys of one request share a slot
     ("xgroup_create", ("s", "g", "0"), {}, "XGROUP CREATE s g 0", lambda r: None),
     ("xgroup_create", ("t", "g2", "$"), {"mkstream": True}, "XGROUP CREATE t g2 $ MKSTREAM", lambda r: None),
     ("xgroup_createconsumer", ("s", "g", "c0"), {}, "XGROUP CREATECONSUMER s g c0", bool),
@@ -88,7 +89,7 @@ SCRIPT = [
     ("xsetid", ("s", f"{NOW}-5"), {}, f"XSETID s {NOW}-5", lambda r: None),
     ("rpush", ("l", "a", "b", "c", "b"), {}, "RPUSH l a b c b", _same),
     ("lpush", ("l", "z"), {}, "LPUSH l z", _same),
-    ("lpushx", ("nol", "z"), {}, "LPUSHX nol z", _same),
+    ("lpushx", ("{l}nol", "z"), {}, "LPUSHX {l}nol z", _same),
     ("lrange", ("l", 0, -1), {}, "LRANGE l 0 -1", _same),
     ("lindex", ("l", 1), {}, "LINDEX l 1", _same),
     ("lindex", ("l", 99), {}, "LINDEX l 99", _same),
@@ -97,10 +98,10 @@ SCRIPT = [
     ("lpos", ("l", "b"), {"count": 0}, "LPOS l b COUNT 0", _same),
     ("lset", ("l", 0, "first"), {}, "LSET l 0 first", lambda r: None),
     ("lrem", ("l", 1, "b"), {}, "LREM l 1 b", _same),
-    ("lmove", ("l", "l2", "LEFT", "RIGHT"), {}, "LMOVE l l2 LEFT RIGHT", _same),
-    ("lmpop", (["nol", "l"], "RIGHT", 2), {}, "LMPOP 2 nol l RIGHT COUNT 2", lambda r: (r[0], r[1])),
+    ("lmove", ("l", "{l}2", "LEFT", "RIGHT"), {}, "LMOVE l {l}2 LEFT RIGHT", _same),    # keys in one slot
+    ("lmpop", (["{l}nol", "l"], "RIGHT", 2), {}, "LMPOP 2 {l}nol l RIGHT COUNT 2", lambda r: (r[0], r[1])),
     ("rpop", ("l",), {}, "RPOP l", _same),
-    ("lpop", ("l2", 5), {}, "LPOP l2 5", _same),
+    ("lpop", ("{l}2", 5), {}, "LPOP {l}2 5", _same),
     ("ltrim", ("l", 0, 0), {}, "LTRIM l 0 0", lambda r: None),
     ("llen", ("l",), {}, "LLEN l", _same),
     ("execute", ("XINFO", "STREAM", "s"), {}, "XINFO STREAM s", lambda r: _execute_value(r)),
@@ -188,18 +189,18 @@ def test_subscribe_receives_entries_added_later_by_another_client():
                 got = []
 
                 async def tail():
-                    async for key, entries in reader.subscribe({"s": "$", "t": "0-0"}, max_batch=3):
+                    async for key, entries in reader.subscribe({"s": "$", "{s}t": "0-0"}, max_batch=3):
                         got.extend((key, e.id) for e in entries)
                         if len(got) == 7:
                             return
                 task = asyncio.ensure_future(tail())
                 await asyncio.sleep(0.2)          # subscribed ("$" resolved) before the writes
                 await writer.xadd_batch("s", [("2-%d" % i, {"n": i}) for i in range(1, 6)])
-                await writer.xadd("t", {"x": "y"}, "3-1")
+                await writer.xadd("{s}t", {"x": "y"}, "3-1")   # the slot of "s"
                 await writer.xadd("s", {"n": "6"}, "4-1")
                 await asyncio.wait_for(task, 5)
                 assert [i for k, i in got if k == b"s"] == [StreamID(2, i) for i in range(1, 6)] + [StreamID(4, 1)]
-                assert [i for k, i in got if k == b"t"] == [StreamID(3, 1)]
+                assert [i for k, i in got if k == b"{s}t"] == [StreamID(3, 1)]
     run(body)
 
 

@@ -14,13 +14,14 @@ machine cannot turn a slow reply into a false difference.
 """
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import pytest
 
 from tests.cluster.conftest import Cluster
 from tests.redis_oracle import RedisOracle
 from tests.server.test_resp_server import ServerThread
+from tests.server.slot_tags import one_slot
 from tests.server.test_resp_server_blocking import Raw
 
 pytestmark = pytest.mark.redis
@@ -130,6 +131,21 @@ SCENARIOS = [
     Scenario("blmove-self-then-blpop", (), c("BLMOVE l l RIGHT LEFT 0"), (c("RPUSH l foo"),), block2=c("BLPOP l 0"),
              final=(c("LRANGE l 0 -1"),)),
 ]
+
+
+def _one_slot(sc: Scenario) -> Scenario:
+    """Every key of every command in one slot: multi-key commands across slots are
+    -CROSSSLOT on xraft, as on a redis cluster (slot_tags.py)."""
+    def tag(value):
+        if not isinstance(value, tuple) or not value:
+            return value
+        if isinstance(value[0], tuple):
+            return tuple(one_slot(cmd) for cmd in value)
+        return one_slot(value)
+    return replace(sc, **{f.name: tag(getattr(sc, f.name)) for f in fields(sc) if f.name != "name"})
+
+
+SCENARIOS = [_one_slot(sc) for sc in SCENARIOS]
 
 
 def _blocked(conn) -> int:

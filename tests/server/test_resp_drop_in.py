@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.redis_oracle import RedisOracle
+from tests.server.slot_tags import one_slot
 from tests.server.test_resp_server import raw_exchange, srv  # noqa: F401  (fixture)
 from tests.server.test_resp_vs_redis import RawConn
 
@@ -18,10 +19,11 @@ pytestmark = pytest.mark.redis
 
 
 def run_script(port, protocol, steps, conns="AB"):
-    """[(conn, argv)] -> the raw reply bytes of each step."""
+    """[(conn, argv)] -> the raw reply bytes of each step. Keys are put in one
+    slot (slot_tags.py): these scripts are about WATCH and MULTI, not routing."""
     open_ = {name: RawConn(port, protocol) for name in conns}
     try:
-        return [open_[who].call(*[a.encode() if isinstance(a, str) else a for a in argv])
+        return [open_[who].call(*[a.encode() if isinstance(a, str) else a for a in one_slot(argv)])
                 for who, argv in steps]
     finally:
         for c in open_.values():

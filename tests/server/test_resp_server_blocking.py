@@ -76,7 +76,7 @@ def wait_blocked(srv, n, timeout=10):
 @pytest.mark.parametrize("hello3", [False, True])
 def test_blpop_woken_by_another_clients_push(srv, hello3):
     a, b = Raw(srv.port, hello3), Raw(srv.port)
-    a.send("BLPOP", "q1", "q2", "0")
+    a.send("BLPOP", "{q2}1", "q2", "0")                 # one slot: keys across slots are CROSSSLOT
     wait_blocked(srv, 1)
     assert a.silent()
     assert b.call("RPUSH", "q2", "x", "y") == b":2\r\n"
@@ -87,8 +87,8 @@ def test_blpop_woken_by_another_clients_push(srv, hello3):
 
 @pytest.mark.parametrize("hello3", [False, True])
 def test_timeouts_reply_like_redis(srv, redis, hello3):
-    cases = [("BLPOP", "e", "0.1"), ("BRPOP", "e", "f", "0.1"), ("BLMOVE", "e", "d", "LEFT", "RIGHT", "0.1"),
-             ("BRPOPLPUSH", "e", "d", "0.1"), ("BLMPOP", "0.1", "1", "e", "LEFT"),
+    cases = [("BLPOP", "e", "0.1"), ("BRPOP", "e", "{e}f", "0.1"), ("BLMOVE", "e", "{e}d", "LEFT", "RIGHT", "0.1"),
+             ("BRPOPLPUSH", "e", "{e}d", "0.1"), ("BLMPOP", "0.1", "1", "e", "LEFT"),
              ("XREAD", "BLOCK", "100", "STREAMS", "s", "$")]
     for argv in cases:
         replies = []
@@ -108,20 +108,20 @@ def test_timeouts_reply_like_redis(srv, redis, hello3):
 
 def test_block_zero_waits_forever_and_other_forms_wake(srv):
     a, b = Raw(srv.port), Raw(srv.port)
-    a.send("BLMOVE", "src", "dst", "RIGHT", "LEFT", "0")
+    a.send("BLMOVE", "src", "{src}dst", "RIGHT", "LEFT", "0")      # keys in one slot
     wait_blocked(srv, 1)
     assert a.silent(1.2)                          # longer than any default timeout would be
     b.call("RPUSH", "src", "1", "2")
     assert a.reply() == b"$1\r\n2\r\n"
-    a.send("BRPOPLPUSH", "src2", "dst", "0")
+    a.send("BRPOPLPUSH", "{src}2", "{src}dst", "0")
     wait_blocked(srv, 1)
-    b.call("LPUSH", "src2", "z")
+    b.call("LPUSH", "{src}2", "z")
     assert a.reply() == b"$1\r\nz\r\n"
-    a.send("BLMPOP", "0", "2", "m1", "m2", "RIGHT", "COUNT", "5")
+    a.send("BLMPOP", "0", "2", "{m2}1", "m2", "RIGHT", "COUNT", "5")
     wait_blocked(srv, 1)
     b.call("RPUSH", "m2", "a", "b", "c")
     assert a.reply() == b"*2\r\n$2\r\nm2\r\n*3\r\n$1\r\nc\r\n$1\r\nb\r\n$1\r\na\r\n"
-    assert b.call("LRANGE", "dst", "0", "-1") == b"*2\r\n$1\r\nz\r\n$1\r\n2\r\n"
+    assert b.call("LRANGE", "{src}dst", "0", "-1") == b"*2\r\n$1\r\nz\r\n$1\r\n2\r\n"
 
 
 def test_fifo_per_key(srv):
@@ -250,8 +250,8 @@ def test_blocking_forms_inside_multi_do_not_block(srv, redis):
     replies = []
     for port in (redis.port, srv.port):
         c = Raw(port)
-        replies.append([c.call(*argv) for argv in [("MULTI",), ("BLPOP", "mq", "0"), ("BLMOVE", "mq", "d", "LEFT",
-                        "LEFT", "0"), ("XREAD", "BLOCK", "0", "STREAMS", "mx", "$"), ("EXEC",)]])
+        replies.append([c.call(*argv) for argv in [("MULTI",), ("BLPOP", "mq", "0"), ("BLMOVE", "mq", "{mq}d", "LEFT",
+                        "LEFT", "0"), ("XREAD", "BLOCK", "0", "STREAMS", "{mq}x", "$"), ("EXEC",)]])
     assert replies[1] == replies[0]
 
 

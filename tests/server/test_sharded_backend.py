@@ -180,3 +180,25 @@ def test_a_record_applied_after_its_slot_moved_away_gets_moved_to_the_new_owner(
         assert isinstance(reply, EngineError) and reply.message == "MOVED %d %s" % (slot, ADDRESSES[2].resp)
         assert not g1.sm.keyspace.exists(k)
     run_on_node(tmp_path, run, main)
+
+
+def test_keys_in_slot_reads_go_to_the_slots_group(tmp_path, run):
+    """CLUSTER COUNTKEYSINSLOT/GETKEYSINSLOT name no key: their internal reads are routed by
+    the slot they name, so each is answered by the group that owns it; hosts_slot tells a
+    slot of a hosted group from one of a group this node has no replica of."""
+    from xraft.node.server.cluster_cmds import cluster_reply
+
+    async def main(n):
+        sb = n.sb
+        k1, k3 = key_in(1), key_in(3)
+        await sb.submit([cmd("RPUSH", k1, "a")])
+        await sb.submit([cmd("RPUSH", k3, "a")])
+        for k in (k1, k3):
+            s = b"%d" % key_slot(k)
+            assert await cluster_reply(sb, [b"CLUSTER", b"COUNTKEYSINSLOT", s], 2) == 1
+            assert await cluster_reply(sb, [b"CLUSTER", b"GETKEYSINSLOT", s, b"10"], 2) == [k]
+        assert sb.hosts_slot(key_slot(k1)) and sb.hosts_slot(key_slot(k3))
+        assert not sb.hosts_slot(key_slot(key_in(2)))
+        with pytest.raises(EngineError, match="^MOVED %d " % key_slot(key_in(2))):
+            await cluster_reply(sb, [b"CLUSTER", b"COUNTKEYSINSLOT", b"%d" % key_slot(key_in(2))], 2)
+    run_on_node(tmp_path, run, main)
