@@ -52,8 +52,11 @@ def test_a_server_without_cluster_layout_keeps_the_one_leader_routing():
                 assert await c.rpush(LOW, "a") == 1
                 assert await c.rpush(HIGH, "b") == 1
                 assert c.routing_mode == "single" and c.layout_fetches == 1 and c.leader_for(LOW) is None
-                # one group owns every slot: keys in different slots are fine, as before
-                assert await c.blpop([LOW, HIGH], block_ms=100) == (LOW.encode(), b"a")
+                # one group owns every slot, yet the server refuses keys in different slots
+                # (redis cluster's rule, so applications keep working when slots move)
+                with pytest.raises(errors.CrossSlotError):
+                    await c.blpop([LOW, HIGH], block_ms=100)
+                assert await c.blpop([LOW], block_ms=100) == (LOW.encode(), b"a")
                 assert c.layout_fetches == 1                    # asked once, not per call
                 with pytest.raises(errors.NotSupportedError, match="does not serve ClusterLayout"):
                     await c.cluster_layout()
