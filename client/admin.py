@@ -2,9 +2,10 @@
 
 transfer_leader(group, to): the request goes first to the group's voters that do
 not lead it (each records `to` as the group's preferred leader for its leader
-balancer and answers NOT_LEADER; a voter that is down is skipped: it forgets
-overrides on restart anyway), then to the leader, following NOT_LEADER, which
-starts the transfer and answers once `to` leads (node/server/admin_rpcs.py).
+balancer and answers NOT_LEADER; a voter that is down is skipped, it forgets
+overrides on restart anyway, and a hung one gets a quarter of the time left),
+then to the leader, following NOT_LEADER, which starts the transfer and answers
+once `to` leads (node/server/admin_rpcs.py).
 Errors are the server's typed ones: CommandError (unknown group, target not a
 voter), UnavailableError (target not reachable or not caught up) and
 DeadlineExceededError (it did not take over in time).
@@ -21,6 +22,7 @@ from .errors import DeadlineExceededError, NotLeaderError, UnavailableError, fro
 
 MAX_REDIRECTS = 8
 SERVER_SHARE = 0.8          # of the time left, the leader waits for the target (its answer must get back)
+FOLLOWER_SHARE = 0.25       # of the time left, one follower may take to record the override (a hung one)
 
 
 async def _call(client, address: str, rpc: str, request, deadline: float):
@@ -52,12 +54,13 @@ async def transfer_leader(client, group_id: int, to_node: int, timeout: float) -
     for nid in group.voters:
         if nid == group.leader or nid not in grpc_of:
             continue
+        cap = loop.time() + (deadline - loop.time()) * FOLLOWER_SHARE
         try:
-            return await _call(client, grpc_of[nid], "TransferLeader", request(), deadline)
+            return await _call(client, grpc_of[nid], "TransferLeader", request(), cap)
         except NotLeaderError:
             pass            # recorded the override; not the leader
-        except UnavailableError:
-            pass            # down: it has no override to keep
+        except (UnavailableError, DeadlineExceededError):
+            pass            # down or hung: it keeps no override, the transfer goes on without it
     address = grpc_of.get(group.leader) or grpc_of[group.voters[0]]
     last = None
     for _ in range(MAX_REDIRECTS):
