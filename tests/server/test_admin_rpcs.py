@@ -4,7 +4,8 @@ TransferLeader: a non-leader records the override and answers NOT_LEADER naming 
 leader; the leader transfers and answers once the target leads; every reached node's
 balancer then prefers the target (so none pulls the group back); a transfer to the
 map's preferred node clears the override; an unknown group or a non-voter target is a
-final COMMAND_ERROR; an unreachable target is a retriable UNAVAILABLE.
+final COMMAND_ERROR; an unreachable target is a retriable UNAVAILABLE, and a transfer
+that did not finish is UNAVAILABLE while the target lags, TIMEOUT otherwise.
 RebalancePlan: plan_rebalance of the node's map, as data."""
 import pytest
 
@@ -19,7 +20,7 @@ from xraft.node.server.leader_balance import LeaderBalancer
 from xraft.node.server.wire_errors import wire_for_message
 from xraft.proto.v1 import client_pb2 as pb
 
-from tests.server.test_raft_backend import ADDRESSES, IDS, Cluster, run  # noqa: F401 (fixture)
+from tests.server.test_raft_backend import ADDRESSES, IDS, Cluster, run, xadd  # noqa: F401 (fixture)
 
 NODES = {n: NodeSpec(n, a.grpc, a.resp) for n, a in ADDRESSES.items()}
 LAYOUT = initial_layout(NODES, 1).with_group(GroupSpec(1, (1, 2, 3), preferred_leader=3))
@@ -84,7 +85,18 @@ def test_transfer_errors_are_typed(tmp_path, run):
             message = ei.value.message
             assert message.startswith(f"UNAVAILABLE node {target} is not reachable from group 1's leader")
             assert wire_for_message(message).retriable and leader.driver.is_leader()
+            # A transfer that did not finish is told apart by the target's lag.
+            await leader.submit([xadd(b"s", b"*", f="while the target is away")])
+            lagging = rpcs[leader.raft_id]._not_done(leader, 1, target, 1.0)
+            assert lagging.message.startswith(f"UNAVAILABLE node {target} is not caught up with group 1 (")
             c.net.heal()
+            d = leader.driver
+            await c.wait_for(lambda: d.raft_status().progress[target].match == d.status().last_index,
+                             "the target to catch up")
+            slow = rpcs[leader.raft_id]._not_done(leader, 1, target, 1.0)
+            assert slow.message.startswith(f"TIMEOUT node {target} did not take the leadership of group 1 "
+                                           f"within 1.0s (leader now: {leader.raft_id})")
+            assert wire_for_message(slow.message).retriable
         finally:
             await c.close()
     run(main())
