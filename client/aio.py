@@ -82,6 +82,7 @@ import grpc
 from xraft.proto.v1 import client_pb2 as pb
 from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 
+from . import admin
 from . import router as routing_modes
 from .commands import Commands
 from .consumer import MAX_ACKS_IN_FLIGHT, ConsumerSession, Delivery  # noqa: F401 - this module's API
@@ -218,6 +219,15 @@ class Client(Commands):
         if self._closed:
             raise UnavailableError("client closed")
         return await self._router.fetch(self.timeout if timeout is None else timeout)
+
+    async def transfer_leader(self, group_id: int, to_node: int, *, timeout=None):
+        """Make node `to_node` the leader of Raft group `group_id` (client/admin.py);
+        returns the TransferLeaderResponse (group_id, leader, term) once it leads."""
+        return await admin.transfer_leader(self, group_id, to_node, self.timeout if timeout is None else timeout)
+
+    async def rebalance_plan(self, *, timeout=None):
+        """The RebalancePlanResponse a node computes on its slot map (nothing is applied)."""
+        return await admin.rebalance_plan(self, self.timeout if timeout is None else timeout)
 
     def leader_for(self, key) -> str | None:
         """The address a call for `key` goes to first (None: unknown or unsharded)."""

@@ -168,14 +168,16 @@ def _opt(msg, name):
 class XRaftService(pb_grpc.XRaftServicer):
     def __init__(self, backend, *, registry: BlockingRegistry | None = None, token: str | None = None,
                  grpc_address_of=None, info_server=None, client_memory: ClientMemory | None = None,
-                 layout=None):
+                 layout=None, admin=None):
         """`grpc_address_of(addr)`: the gRPC address of the node whose RESP
         address the backend names as leader (identity by default).
         `info_server`: the node's RespServer, whose figures INFO reports.
         `layout()`: (SlotMap, {group id: (leader id, term)}, node id) for ClusterLayout
-        (None: the RPC answers UNIMPLEMENTED)."""
+        (None: the RPC answers UNIMPLEMENTED).
+        `admin`: admin_rpcs.AdminRpcs for TransferLeader and RebalancePlan (None: UNIMPLEMENTED)."""
         self.backend = backend
         self._layout = layout
+        self._admin = admin
         # Node-wide bytes of client requests (client_memory.py): the RESP server's, when there is one.
         if client_memory is None:
             client_memory = getattr(info_server, "client_memory", None) or ClientMemory()
@@ -642,6 +644,22 @@ class XRaftService(pb_grpc.XRaftServicer):
 
         async def body(call):
             return layout_pb(*self._layout())
+        return await self._handle(request, context, body)
+
+    async def TransferLeader(self, request, context):
+        if self._admin is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no leader transfer")
+
+        async def body(call):
+            return await self._admin.transfer_leader(request, call.remaining())
+        return await self._handle(request, context, body)
+
+    async def RebalancePlan(self, request, context):
+        if self._admin is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no slot map")
+
+        async def body(call):
+            return self._admin.rebalance_plan()
         return await self._handle(request, context, body)
 
     # -- streaming (grpc_streams.py) ----------------------------------------------------------

@@ -13,6 +13,13 @@ when all of these hold:
     CATCH_UP_SLACK entries of our last index; Raft's transfer then waits for the rest);
   - no transfer of this group was started in the last `cooldown_s`.
 
+A manual transfer (`xraftctl leader transfer`, admin_rpcs.py) is an operator's
+override: every node the request reaches records the target as the group's
+preferred leader here (`set_override`), in memory only. The balancer then keeps
+the group where the operator put it (and moves it back there after a failover)
+instead of pulling it to the slot map's choice. A transfer to the slot map's
+preferred leader clears the override; a restart forgets it.
+
 Never fighting: the preferred node, once leader, never transfers (it is where the
 group belongs), and a preferred node that keeps failing is retried at most once
 per cooldown. A transfer costs the group about one round trip without a leader
@@ -42,14 +49,25 @@ class LeaderBalancer:
         self.cooldown_s = cooldown_s
         self._clock = clock or (lambda: asyncio.get_running_loop().time())
         self._last_try: dict[int, float] = {}
+        self.overrides: dict[int, int] = {}      # group id -> node an operator chose (module doc)
         self.transfers = 0                       # started (INFO, tests)
+
+    def preferred(self, gid: int) -> int:
+        """The node the group's leadership belongs on: the operator's override, else the map's."""
+        return self.overrides.get(gid, self.slot_map.groups[gid].preferred_leader)
+
+    def set_override(self, gid: int, node_id: int) -> None:
+        if node_id == self.slot_map.groups[gid].preferred_leader:
+            self.overrides.pop(gid, None)
+        else:
+            self.overrides[gid] = node_id
 
     def candidates(self) -> list:
         """[(group id, preferred node)] transfers that may start now (module doc)."""
         now = self._clock()
         out = []
         for gid, b in self.backends.items():
-            pref = self.slot_map.groups[gid].preferred_leader
+            pref = self.preferred(gid)
             if pref == self.raft_id or not b.writable():
                 continue
             last = self._last_try.get(gid)

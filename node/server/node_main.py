@@ -67,6 +67,7 @@ from ..runtime.peer_auth import DEFAULT_SECRET_ENV, SecretError, load_secret
 from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
 from . import logging_setup
+from .admin_rpcs import AdminRpcs
 from .backend import Backend, split_address
 from .client_memory import ClientMemory
 from .config import ConfigError, NodeConfig, parse_args
@@ -197,7 +198,9 @@ class Node:
         server = grpc.aio.server(options=server_options(transport.limits))
         client_pb2_grpc.add_XRaftServicer_to_server(
             XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get,
-                         info_server=self.resp, layout=self.layout_view), server)
+                         info_server=self.resp, layout=self.layout_view,
+                         admin=AdminRpcs(cfg.id, self.layout, self.backends, lambda: self.balancer,
+                                         {nid: a.grpc for nid, a in addresses.items()})), server)
         transport.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((

@@ -1,0 +1,83 @@
+"""The operator's calls (xraftctl): leader transfer and the rebalance plan.
+
+transfer_leader(group, to): the request goes first to the group's voters that do
+not lead it (each records `to` as the group's preferred leader for its leader
+balancer and answers NOT_LEADER; a voter that is down is skipped, it forgets
+overrides on restart anyway, and a hung one gets a quarter of the time left),
+then to the leader, following NOT_LEADER, which starts the transfer and answers
+once `to` leads (node/server/admin_rpcs.py).
+Errors are the server's typed ones: CommandError (unknown group, target not a
+voter), UnavailableError (target not reachable or not caught up) and
+DeadlineExceededError (it did not take over in time).
+"""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from xraft.proto.v1 import client_pb2 as pb
+
+from .errors import DeadlineExceededError, NotLeaderError, UnavailableError, from_rpc_error
+
+MAX_REDIRECTS = 8
+SERVER_SHARE = 0.8          # of the time left, the leader waits for the target (its answer must get back)
+FOLLOWER_SHARE = 0.25       # of the time left, one follower may take to record the override (a hung one)
+
+
+async def _call(client, address: str, rpc: str, request, deadline: float):
+    left = deadline - asyncio.get_running_loop().time()
+    if left <= 0:
+        raise DeadlineExceededError(f"{rpc}: no answer in time")
+    request.options.deadline_hint_ms = max(1, int(left * 1000 * 0.9))
+    try:
+        return await getattr(client._node(address).stub, rpc)(request, timeout=left,
+                                                              metadata=client._metadata(None))
+    except grpc.aio.AioRpcError as e:
+        raise from_rpc_error(e, write=False) from None
+
+
+async def transfer_leader(client, group_id: int, to_node: int, timeout: float) -> pb.TransferLeaderResponse:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    layout = await client.cluster_layout(timeout=timeout)
+    grpc_of = {n.id: n.grpc for n in layout.nodes}
+    group = next((g for g in layout.groups if g.id == group_id), None)
+
+    def request():
+        wait_ms = max(1, int((deadline - loop.time()) * 1000 * SERVER_SHARE))
+        return pb.TransferLeaderRequest(group_id=group_id, to_node=to_node, wait_ms=min(wait_ms, 60_000))
+
+    if group is None:       # the server says so, in its words
+        return await _call(client, grpc_of.get(layout.node_id) or client._seeds[0], "TransferLeader",
+                           request(), deadline)
+    for nid in group.voters:
+        if nid == group.leader or nid not in grpc_of:
+            continue
+        cap = loop.time() + (deadline - loop.time()) * FOLLOWER_SHARE
+        try:
+            return await _call(client, grpc_of[nid], "TransferLeader", request(), cap)
+        except NotLeaderError:
+            pass            # recorded the override; not the leader
+        except (UnavailableError, DeadlineExceededError):
+            pass            # down or hung: it keeps no override, the transfer goes on without it
+    address = grpc_of.get(group.leader) or grpc_of[group.voters[0]]
+    last = None
+    for _ in range(MAX_REDIRECTS):
+        try:
+            return await _call(client, address, "TransferLeader", request(), deadline)
+        except NotLeaderError as e:
+            last = e
+            if e.leader_address:
+                address = e.leader_address
+            else:           # an election is under way: ask again shortly
+                await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+    raise last
+
+
+async def rebalance_plan(client, timeout: float) -> pb.RebalancePlanResponse:
+    """The plan from the first node that answers (any node computes it on its slot map)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    layout = await client.cluster_layout(timeout=timeout)
+    address = next((n.grpc for n in layout.nodes if n.id == layout.node_id), client._seeds[0])
+    return await _call(client, address, "RebalancePlan", pb.RebalancePlanRequest(), deadline)
