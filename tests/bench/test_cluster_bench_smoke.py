@@ -17,7 +17,7 @@ from xraft.ops import local_cluster as lc
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "cluster.py"
 KEYS = ("xadd_batch100_entries_per_s", "xadd_p50_ms", "xadd_p99_ms", "xadd_c64_per_s",
         "grpc_floor_unary_c64_per_s", "consume_ack_entries_per_s", "failover_s",
-        "redis_wait1_batch100_entries_per_s")
+        "redis_wait1_batch100_entries_per_s", "sharded_xadd_batch100_entries_per_s")
 LIMIT_S = 300  # a hang guard only; the run normally takes well under a minute
 
 
@@ -36,12 +36,12 @@ def test_cluster_bench_quick_writes_every_key(tmp_path):
             proc.kill()
             proc.wait()
         # Nodes run in their own sessions: make sure none outlives a failed run.
-        cluster_dir = work / "cluster"
-        if lc.cluster_file(cluster_dir).exists():
-            cluster = lc.load(str(cluster_dir))
-            for node in cluster.nodes:
-                if lc.is_alive(cluster, node):
-                    os.kill(node.pid, signal.SIGKILL)
+        for cluster_dir in (work / "cluster", work / "sharded"):
+            if lc.cluster_file(cluster_dir).exists():
+                cluster = lc.load(str(cluster_dir))
+                for node in cluster.nodes:
+                    if lc.is_alive(cluster, node):
+                        os.kill(node.pid, signal.SIGKILL)
     assert proc.returncode == 0, text
     figures = json.loads(out.read_text())
     for key in KEYS:
