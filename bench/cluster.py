@@ -79,7 +79,7 @@ from xraft.ops import local_cluster as lc
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIELDS = {b"sensor-id": b"1234", b"temperature": b"19.8"}
 BATCH = 100
-BATCH_CONCURRENCY = 8          # = the SDK's MAX_TRACKED_WRITES: more would queue inside one client
+BATCH_CONCURRENCY = 8          # batches in flight on one client (session 3 chose 8; the sharded phase keeps it)
 C64 = 64
 WARMUP_S = 0.5
 FAILOVER_LIMIT_S = 20.0        # no ack this long after the kill: the run fails (not a figure)
@@ -717,14 +717,25 @@ def run(args, tmp: str, out: dict) -> None:
     print(f"load average at the end: {out['load_avg_end']:.1f}")
 
 
+def work_dir(requested: str | None, prefix: str) -> str:
+    """The run's work directory: `requested` (created; it must not exist) or a new temporary
+    one. Also makes SIGTERM run the caller's finally blocks (sys.exit): the nodes run in their
+    own sessions and would outlive us."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if requested:
+        os.makedirs(requested)
+        return requested
+    return tempfile.mkdtemp(prefix=prefix)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="short smoke run (1 s phases, 1 failover)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--seconds", type=float, help="seconds per phase (default 5; --quick 1)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (node logs)")
-    ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one). "
-                                  "The clusters live in DIR/cluster and DIR/sharded, so a caller can stop them if we are killed")
+    ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one). The clusters "
+                                  "live in DIR/cluster and DIR/sharded, so a caller can stop them if we are killed")
     args = ap.parse_args()
     args.seconds = args.seconds or (1.0 if args.quick else 5.0)
     if not 0 < args.seconds <= 120:
@@ -732,13 +743,7 @@ def main() -> int:
     for tool in ("redis-server", "redis-benchmark"):
         if shutil.which(tool) is None:
             ap.error(f"{tool} is not installed (./dev test installs it)")
-    # SIGTERM must run the finally blocks too: nodes run in their own sessions and would outlive us.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.dir:
-        os.makedirs(args.dir)
-        tmp = args.dir
-    else:
-        tmp = tempfile.mkdtemp(prefix="xraft-bench-cluster-")
+    tmp = work_dir(args.dir, "xraft-bench-cluster-")
     out: dict = {}
     try:
         run(args, tmp, out)

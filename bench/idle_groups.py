@@ -18,12 +18,10 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
-import tempfile
 import time
 
-from cluster import layout_of, load_avg, proc_cpu, wait_balanced      # bench/cluster.py, beside this file
+from cluster import layout_of, load_avg, proc_cpu, wait_balanced, work_dir      # bench/cluster.py, beside this file
 from xraft.ops import local_cluster as lc
 
 SETTLE_S = 1.0             # after the leaders are spread: the last hand-over's catch-up
@@ -65,13 +63,7 @@ def main(argv=None) -> int:
         ap.error(f"--groups must be in 1..{lc.MAX_GROUPS}")
     if not 0 < seconds <= 600:
         ap.error("--seconds must be in (0, 600]")
-    # SIGTERM must run the finally blocks too: nodes run in their own sessions and would outlive us.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.dir:
-        os.makedirs(args.dir)
-        root = args.dir
-    else:
-        root = tempfile.mkdtemp(prefix="xraft-idle-")
+    root = work_dir(args.dir, "xraft-idle-")
     try:
         load0 = load_avg()
         ref = measure(1, seconds, root)
