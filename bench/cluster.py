@@ -40,7 +40,12 @@ entries are `sensor-id 1234 temperature 19.8` everywhere):
    figure is the time from the kill to the first write acknowledged by the new
    leader (the SDK client is built with backoff_max=0.1 s so its retry back-off
    adds at most ~0.1 s to what the cluster itself takes). The killed node is
-   restarted from disk and caught up before the next repetition (3; --quick 1).
+   restarted from disk and caught up before the next repetition (3; --quick 1);
+7. sharded batch: a second 3-node cluster with `--groups 6` (SHARDED_GROUPS);
+   once every node leads 2 groups (leader_balance.py), phase 1's SDK workload
+   (one client, BATCH_CONCURRENCY batches of 100 in flight) with each batch
+   sent to the next group's key, so all three nodes lead writes. Printed with
+   its ratio to phase 1's one-group figure (target >= 1.5x).
 
 Per phase the CPU use of each process (% of one core, from /proc) is printed:
 on a 2-core machine with 3 nodes + the client, it shows which process limits
@@ -68,12 +73,13 @@ import uvloop
 
 from xraft.client.aio import Client
 from xraft.client.errors import XRaftError
+from xraft.client.slots import key_slot
 from xraft.ops import local_cluster as lc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIELDS = {b"sensor-id": b"1234", b"temperature": b"19.8"}
 BATCH = 100
-BATCH_CONCURRENCY = 8          # = the SDK's MAX_TRACKED_WRITES: more would queue inside one client
+BATCH_CONCURRENCY = 8          # batches in flight on one client (session 3 chose 8; the sharded phase keeps it)
 C64 = 64
 WARMUP_S = 0.5
 FAILOVER_LIMIT_S = 20.0        # no ack this long after the kill: the run fails (not a figure)
@@ -81,6 +87,8 @@ CATCH_UP_LIMIT_S = 30.0
 CONSUME_STALL_S = 10.0         # a Consume session with no progress this long is reported as stalled
 REDIS_START_LIMIT_S = 20.0
 BENCH_TIMEOUT_S = 180.0        # per redis-benchmark run: a stuck server fails that figure, not the run
+SHARDED_GROUPS = 6             # the sharded phase's cluster: 3 nodes, 2 groups led by each
+BALANCE_LIMIT_S = 60.0         # for its leaders to reach their preferred nodes
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -315,12 +323,19 @@ def redis_single_wait(port: int, seconds: float) -> tuple:
 
 # ----------------------------------------------------------------------------- xraft through the SDK
 
-async def sdk_batch(seeds, seconds: float) -> float:
+async def sdk_batch(seeds, seconds: float, keys: tuple = ("batch",)) -> float:
+    """Entries/s of xadd_batch(100), BATCH_CONCURRENCY batches in flight on one client; each
+    batch goes to the next of `keys` in turn (keys in several groups: the SDK sends each to
+    its group's leader)."""
     async with Client(seeds) as c:
         batch = [FIELDS] * BATCH
+        turn = 0
 
         async def op():
-            results = await c.xadd_batch("batch", batch)
+            nonlocal turn
+            key = keys[turn % len(keys)]
+            turn += 1
+            results = await c.xadd_batch(key, batch)
             if len(results) != BATCH or any(isinstance(r, Exception) for r in results):
                 raise RuntimeError(f"xadd_batch failed: {results[:3]}")
             return BATCH
@@ -502,6 +517,74 @@ def restart_and_catch_up(dir_: str) -> float:
         time.sleep(0.1)
 
 
+# ----------------------------------------------------------------------------- sharded
+
+def layout_of(cluster: lc.ClusterInfo):
+    """The cluster's layout (client/routing.Layout: groups, slots, preferred leaders) via the SDK."""
+    async def fetch():
+        async with Client([n.grpc for n in cluster.nodes]) as c:
+            return await c.cluster_layout()
+    return uvloop.run(fetch())
+
+
+def wait_balanced(cluster: lc.ClusterInfo, layout, limit: float = BALANCE_LIMIT_S) -> list:
+    """Status rows once every group is led by exactly one node, its preferred leader when
+    there are several groups (leader_balance.py hands each group there after the first
+    elections put leaders anywhere; measuring before would count the hand-overs too)."""
+    want = {g.id: g.preferred_leader if len(layout.groups) > 1 else None for g in layout.groups}
+    deadline = time.monotonic() + limit
+    while True:
+        rows = lc.status(cluster, timeout=2.0)
+        leaders = {}
+        for r in rows:
+            for g in r["leads"] or ():
+                leaders.setdefault(g, []).append(r["id"])
+        if all(len(leaders.get(g, ())) == 1 and pref in (None, leaders[g][0]) for g, pref in want.items()):
+            return rows
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(want)} groups not led by their preferred nodes within {limit:g} s: "
+                               f"leaders {leaders}, preferred {want}")
+        time.sleep(0.2)
+
+
+def keys_per_group(layout) -> tuple:
+    """One key per data group ("batch-<n>", the first n whose slot that group owns), in group order."""
+    keys = []
+    for group in sorted(layout.groups, key=lambda g: g.id):
+        first, last = group.slots[0]
+        n = 0
+        while not first <= key_slot(b"batch-%d" % n) <= last:     # ~16384/slots tries on average
+            n += 1
+        keys.append(f"batch-{n}")
+    return tuple(keys)
+
+
+def sharded_batch(args, tmp: str, out: dict) -> None:
+    """The batch phase again on a 3-node cluster of SHARDED_GROUPS groups, each batch to the
+    next group's key: `sharded_xadd_batch100_entries_per_s` beside the one-group figure."""
+    dir_ = os.path.join(tmp, "sharded")
+    t = time.perf_counter()
+    try:
+        cluster = lc.up(dir_, nodes=3, fsync="always", groups=SHARDED_GROUPS)
+        layout = layout_of(cluster)
+        rows = wait_balanced(cluster, layout)
+        print(f"sharded cluster ({SHARDED_GROUPS} groups) up and balanced in {time.perf_counter() - t:.1f} s: "
+              + ", ".join(f"node{r['id']} leads {r['leads']}" for r in rows))
+        seeds = [n.grpc for n in cluster.nodes]
+        keys = keys_per_group(layout)
+        pids = {f"node{n.id}": n.pid for n in cluster.nodes}
+        with CpuMeter(pids) as m:
+            rate = uvloop.run(sdk_batch(seeds, args.seconds, keys))
+        one = out["xadd_batch100_entries_per_s"]
+        out["sharded_xadd_batch100_entries_per_s"] = rate
+        out["sharded_vs_one_group"] = rate / one if one else 0.0
+        print(f"SDK xadd_batch(100) x {BATCH_CONCURRENCY} over {len(keys)} groups: {rate:,.0f} entries/s = "
+              f"{out['sharded_vs_one_group']:.2f}x one group ({one:,.0f}; target >= 1.5x)   [{m.line()}]")
+    finally:
+        if lc.cluster_file(dir_).exists():
+            lc.down(dir_)
+
+
 # ----------------------------------------------------------------------------- the run
 
 def wait_leader(cluster: lc.ClusterInfo, limit: float = 15.0) -> dict:
@@ -629,8 +712,20 @@ def run(args, tmp: str, out: dict) -> None:
     finally:
         if lc.cluster_file(dir_).exists():
             lc.down(dir_)
+    sharded_batch(args, tmp, out)
     out["load_avg_end"] = load_avg()
     print(f"load average at the end: {out['load_avg_end']:.1f}")
+
+
+def work_dir(requested: str | None, prefix: str) -> str:
+    """The run's work directory: `requested` (created; it must not exist) or a new temporary
+    one. Also makes SIGTERM run the caller's finally blocks (sys.exit): the nodes run in their
+    own sessions and would outlive us."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if requested:
+        os.makedirs(requested)
+        return requested
+    return tempfile.mkdtemp(prefix=prefix)
 
 
 def main() -> int:
@@ -639,8 +734,8 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--seconds", type=float, help="seconds per phase (default 5; --quick 1)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (node logs)")
-    ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one). "
-                                  "The cluster lives in DIR/cluster, so a caller can stop it if we are killed")
+    ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one). The clusters "
+                                  "live in DIR/cluster and DIR/sharded, so a caller can stop them if we are killed")
     args = ap.parse_args()
     args.seconds = args.seconds or (1.0 if args.quick else 5.0)
     if not 0 < args.seconds <= 120:
@@ -648,13 +743,7 @@ def main() -> int:
     for tool in ("redis-server", "redis-benchmark"):
         if shutil.which(tool) is None:
             ap.error(f"{tool} is not installed (./dev test installs it)")
-    # SIGTERM must run the finally blocks too: nodes run in their own sessions and would outlive us.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.dir:
-        os.makedirs(args.dir)
-        tmp = args.dir
-    else:
-        tmp = tempfile.mkdtemp(prefix="xraft-bench-cluster-")
+    tmp = work_dir(args.dir, "xraft-bench-cluster-")
     out: dict = {}
     try:
         run(args, tmp, out)
