@@ -511,14 +511,8 @@ class Raft:
             return False
         cs = meta.conf_state
         in_snapshot = self.id in cs.voters or self.id in cs.learners or self.id in cs.voters_outgoing
-        never_member = not self.trk.config.voters.ids() and not self.trk.config.learners \
-            and log.last_index() == 0
-        if not in_snapshot and not never_member:
-            # Stale or misdirected. A brand-new node (empty log, never in any configuration) is
-            # the exception: the leader's latest snapshot may predate the conf change adding it,
-            # and refusing it would leave the new node unable to ever catch up (found by the
-            # simulator); the entries after the snapshot then bring the conf change that adds it.
-            return False
+        if not in_snapshot and not self._joining(cs):
+            return False  # stale or misdirected: we were removed, or it is not for us
         if log.match_term(meta.index, meta.term):
             # We already hold this prefix: just move commit forward.
             log.commit_to(meta.index)
@@ -533,6 +527,23 @@ class Raft:
         if pr is not None:
             pr.maybe_update(pr.next - 1)
         return True
+
+    def _joining(self, cs: ConfState) -> bool:
+        """True if we are a node being added that has not applied the change adding it yet.
+
+        A snapshot whose ConfState lacks us is normally stale or misdirected, and refused.
+        But the leader sends MsgSnap only to members of its configuration, and its latest
+        snapshot may predate the conf change that added us: a new node must take it, and
+        the entries after it bring the change (bug 1 in docs/simulator.md). That holds for
+        as long as we are outside our own configuration, not only while our log is empty:
+        a new node that installed one such snapshot and then lost the entries after it may
+        be sent another one that still predates the change (a new leader's snapshot taken
+        as a follower, or a compaction in between). Refusing it stranded the node for good
+        (bug 10). A node that was removed (our or the snapshot's `removed` holds us) keeps
+        refusing: IDs are never reused, so it can never be a member again.
+        """
+        nid = self.id
+        return nid not in self.trk.progress and nid not in self.trk.config.removed and nid not in cs.removed
 
     # ------------------------------------------------ membership
 

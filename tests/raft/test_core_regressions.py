@@ -128,17 +128,36 @@ def test_new_node_accepts_a_snapshot_taken_before_it_was_added():
     assert n.nodes[4].raft.trk.conf_state().learners == (4,)
 
 
-def test_a_removed_node_still_refuses_a_snapshot_without_it():
-    """The exception of bug 1's fix is narrow: a node with a configuration keeps the check."""
-    n = Net([1, 2, 3])
-    n.elect(1)
-    n.propose(1, b"a")
-    n.compact(1)
-    snap = n.storage[1].snapshot()
+def _snap(index: int, **conf) -> Snapshot:
+    return Snapshot(SnapshotMetadata(index=index, term=1, conf_state=ConfState(**conf)), b"image")
+
+
+def _outsider(nid: int, **conf) -> RawNode:
+    """A node whose storage holds a snapshot at index 4 with the given configuration."""
     st = MemoryStorage()
-    st.apply_snapshot(Snapshot(SnapshotMetadata(index=1, term=1, conf_state=ConfState(voters=(9,))), b""))
-    outsider = _node(7, st)
-    assert outsider.raft.restore(snap) is False
+    st.apply_snapshot(_snap(4, **conf))
+    st.sync()
+    return _node(nid, st, applied=4)
+
+
+def test_a_joining_node_takes_another_snapshot_that_predates_its_add():
+    """Bug 10: a new node that installed a snapshot older than the change adding it (bug 1's
+    exception) has a configuration without itself and a log. When the entries after that
+    snapshot were lost and the leader could only send another snapshot that still predates the
+    change, the node refused it (it was no longer brand-new) and was left behind for good."""
+    joining = _outsider(4, voters=(1, 2, 3))
+    assert joining.raft.restore(_snap(6, voters=(1, 2, 3)))  # was refused: False
+    assert joining.raft.raft_log.committed == 6
+    assert joining.raft.trk.conf_state().voters == (1, 2, 3) and not joining.raft.promotable()
+
+
+def test_a_member_or_removed_node_still_refuses_a_snapshot_without_it():
+    """The exception of bugs 1 and 10 is narrow: only a node outside its own configuration that
+    was never removed takes a snapshot whose configuration lacks it."""
+    without_7 = _snap(6, voters=(1, 2, 3))
+    assert _outsider(7, voters=(1, 2, 3), removed=(7,)).raft.restore(without_7) is False  # removed
+    assert _outsider(7, voters=(1, 2, 3, 7)).raft.restore(without_7) is False  # a member: stale
+    assert _outsider(7, voters=(1, 2, 3)).raft.restore(_snap(6, voters=(1, 2, 3), removed=(7,))) is False
 
 
 def test_reordered_snapshot_chunks_are_assembled():

@@ -8,8 +8,6 @@ ReadIndex round must be caught.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
-
 import pytest
 
 from tests.raft.sim import simulator
@@ -24,9 +22,7 @@ SOAK_BASE = 5_000_000  # soak seeds never overlap the CI ones (nor the safety so
 _SEEDS = selected_seeds(LIN_SEEDS, base=LIN_BASE)
 
 
-def client_heavy(seed: int, steps: int) -> simulator.SimConfig:
-    cfg = simulator.config_for_seed(seed, steps=steps)
-    return replace(cfg, clients=5, w_client=6.0, request_timeout=150)
+client_heavy = simulator.client_heavy_config
 
 
 @pytest.mark.parametrize("seed", _SEEDS)

@@ -18,7 +18,8 @@ from tests.raft.sim.network import NetConfig
 # (seed, steps, what it found) — see docs/simulator.md for each bug's story. Each of these
 # failed on the core of commit 24daada (or, for the harness bug, on the earlier harness) and
 # passes now. Bug 5 was found under an earlier scheduler and is pinned by a focused test in
-# test_core_regressions.py instead.
+# test_core_regressions.py instead. Seeds of the client-heavy linearizability runs are in
+# FOUND_BUGS_CLIENT_HEAVY (test_sim_linearizable.py's configuration).
 FOUND_BUGS = [
     (0, 1500, "bug 1: new learner refuses the leader's older snapshot, catch-up livelock"),
     (25, 1500, "bug 1: new learner refuses the leader's older snapshot, catch-up livelock"),
@@ -31,11 +32,21 @@ FOUND_BUGS = [
     (445, 1500, "harness: a crash lost MsgSnap chunks without report_snapshot(False)"),
     (1335, 1500, "harness: a paused leader's report_snapshot was dropped, follower left behind"),
 ]
+FOUND_BUGS_CLIENT_HEAVY = [
+    (9702413, 2000, "bug 10: a learner that took one snapshot older than its add refused a second one"),
+]
 
 
 @pytest.mark.parametrize("seed,steps,what", FOUND_BUGS, ids=[f"seed{s}" for s, _, _ in FOUND_BUGS])
 def test_replayed_seed_stays_fixed(seed, steps, what):
     simulator.run(seed, simulator.config_for_seed(seed, steps=steps), test_file="tests/raft/test_sim_replay.py")
+
+
+@pytest.mark.parametrize("seed,steps,what", FOUND_BUGS_CLIENT_HEAVY,
+                         ids=[f"seed{s}" for s, _, _ in FOUND_BUGS_CLIENT_HEAVY])
+def test_replayed_client_heavy_seed_stays_fixed(seed, steps, what):
+    simulator.run(seed, simulator.client_heavy_config(seed, steps),
+                  test_file="tests/raft/test_sim_linearizable.py")
 
 
 def test_same_seed_same_run():

@@ -95,6 +95,11 @@ def config_for_seed(seed: int, steps: int = 400, **overrides) -> SimConfig:
     return replace(cfg, **overrides)
 
 
+def client_heavy_config(seed: int, steps: int) -> SimConfig:
+    """The linearizability runs' configuration: the seed's faults, five busy clients."""
+    return replace(config_for_seed(seed, steps=steps), clients=5, w_client=6.0, request_timeout=150)
+
+
 def repro_command(seed: int, steps: int, test_file: str = "tests/raft/test_sim_safety.py") -> str:
     return f"XRAFT_SIM_SEED={seed} XRAFT_SIM_STEPS={steps} python -m pytest {test_file} -q"
 
