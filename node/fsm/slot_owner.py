@@ -122,17 +122,26 @@ _ALL = b"\xff" * BITMAP_BYTES
 _WOKEN_FORMS = {"lmpop-woken": b"lmpop", "xreadgroup-woken": b"xreadgroup"}
 
 
+def spec_keys(spec, argv) -> list:
+    """The keys of argv, whose spec is `spec` (an internal woken form's are its public
+    form's). Also the keys a write modified, for WATCH (watch.py)."""
+    public = _WOKEN_FORMS.get(spec.name)
+    if public is not None:
+        argv = [public] + list(argv[1:])
+        try:
+            spec = lookup(argv)
+        except EngineError:
+            return []             # the command fails by itself
+    return command_keys(spec, argv)
+
+
 def _argv_keys(argv) -> list:
     argv = list(argv)
     try:
         spec = lookup(argv, internal=True)
-        public = _WOKEN_FORMS.get(spec.name)
-        if public is not None:
-            argv = [public] + argv[1:]
-            spec = lookup(argv)
     except EngineError:
         return []                 # the command fails by itself (or is CONFIG: keyless)
-    return command_keys(spec, argv)
+    return spec_keys(spec, argv)
 
 
 def request_keys(req: Request) -> Iterator[bytes]:

@@ -67,7 +67,7 @@ from .sessions import MAGIC as SESSIONS_MAGIC
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
                        DEFAULT_SESSION_TIMEOUT_MS, CorruptSessions, Sessions)
 from .slot_owner import CorruptOwnedSlots, OwnedSlots
-from .watch import CorruptVersions, KeyVersions
+from .watch import CorruptVersions, KeyVersions, present_before
 from .xadd_batch import apply_xadd_batch
 
 SNAP_MAGIC = b"XFSM"
@@ -210,7 +210,7 @@ class StateMachine:
         """One command against the keyspace; its reply or EngineError. Writes
         update the WATCH versions (watch.py) from (argv, reply) alone."""
         name = spec.name
-        flushed = list(self.keyspace.data) if name in ("flushall", "flushdb") else None
+        removed = present_before(spec, argv, self.keyspace.data)
         absent = name == "xgroup" and len(argv) > 2 and not self.keyspace.exists(argv[2])
         try:
             reply = handler(self.keyspace, argv, now)
@@ -218,7 +218,7 @@ class StateMachine:
             return e
         if spec.is_write:
             created = argv[2] if absent and self.keyspace.exists(argv[2]) else None
-            self.versions.after_command(spec, argv, reply, self._index, flushed, created)
+            self.versions.after_command(spec, argv, reply, self._index, removed, created)
         return reply
 
     def _apply_multi(self, commands, now: int):

@@ -22,15 +22,20 @@ checked command by command against redis-server, and decided from (state
 before, argv, reply) only - never from whether the caller wanted the reply,
 so every replica decides alike:
   * a write whose reply is an error or null changed nothing (SET NX not set,
-    LPOP/LMOVE/XADD NOMKSTREAM with nothing to do);
-  * DEL UNLINK XDEL XTRIM LREM LPUSHX RPUSHX answering 0, LINSERT answering
+    LPOP/LMOVE/XADD NOMKSTREAM with nothing to do, a blocking form inside
+    MULTI with nothing to serve);
+  * XDEL XTRIM LREM LPUSHX RPUSHX RENAMENX answering 0, LINSERT answering
     0 or -1, RENAME/RENAMENX of a key onto itself: nothing;
+  * DEL/UNLINK touch only the keys that existed (redis's delGenericCommand
+    signals the keys it deleted), LMPOP (woken too) and BLPOP BRPOP BLMPOP
+    inside MULTI only the key they popped from (named in their reply);
   * consumer-group bookkeeping is not a modification in redis either:
-    XREADGROUP XACK XCLAIM XAUTOCLAIM XSETID XGROUP never touch, except an
+    XREADGROUP (woken too) XACK XCLAIM XAUTOCLAIM XSETID XGROUP never touch, except an
     XGROUP CREATE ... MKSTREAM that created the stream;
   * FLUSHALL/FLUSHDB touch every key that existed (a watched absent key
     is not aborted, as in redis 7.0);
-  * any other successful write touches all its key arguments.
+  * any other successful write touches all its key arguments (an internal
+    woken retry's are its public form's: slot_owner.spec_keys).
 
 Bound: deleted keys leave their version behind (a delete-then-recreate must
 abort a watcher). When more than MAX_TOMBSTONES entries name absent keys,
@@ -44,10 +49,10 @@ no entries and floor = its applied index: conservative for watchers.
 """
 import struct
 
-from ..engine.command_keys import command_keys
 from ..engine.errors import EngineError
-from ..engine.replies import NULL_ARRAY
+from ..engine.replies import NULL_ARRAY, WouldBlock
 from ..invariant import invariant
+from .slot_owner import spec_keys
 
 MAX_TOMBSTONES = 100_000
 MAX_KEY_BYTES = 512 << 20
@@ -57,8 +62,24 @@ _KLEN = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
 
-_GROUP_BOOKKEEPING = frozenset(("xreadgroup", "xack", "xclaim", "xautoclaim", "xsetid", "xgroup"))
-_ZERO_IS_NOTHING = frozenset(("del", "unlink", "xdel", "xtrim", "lrem", "lpushx", "rpushx", "linsert"))
+_GROUP_BOOKKEEPING = frozenset(("xreadgroup", "xreadgroup-woken", "xack", "xclaim", "xautoclaim",
+                                "xsetid", "xgroup"))
+_ZERO_IS_NOTHING = frozenset(("xdel", "xtrim", "lrem", "lpushx", "rpushx", "linsert", "renamenx"))
+_REMOVES_PRESENT = frozenset(("flushall", "flushdb", "del", "unlink"))
+# reply: [the key popped from, element(s)]
+_POPS_ONE_OF = frozenset(("lmpop", "lmpop-woken", "blpop", "brpop", "blmpop"))
+
+
+def present_before(spec, argv, data) -> list | None:
+    """For a command that touches exactly the keys it removes (FLUSHALL/FLUSHDB:
+    every key; DEL/UNLINK: its arguments), the keys present before it runs, to
+    pass to after_command as `removed`; None for any other command."""
+    name = spec.name
+    if name not in _REMOVES_PRESENT:
+        return None
+    if name in ("flushall", "flushdb"):
+        return list(data)
+    return [bytes(key) for key in argv[1:] if key in data]
 
 
 class CorruptVersions(ValueError):
@@ -78,28 +99,31 @@ class KeyVersions:
         get, floor = self.changed.get, self.floor
         return any(get(key, floor) > w for key, w in watched)
 
-    def after_command(self, spec, argv, reply, index: int, flushed=None, created=None) -> None:
-        """Record what one applied write changed (module doc). `flushed`: the
-        keys that existed before a FLUSHALL/FLUSHDB; `created`: a key the
-        command brought into existence (XGROUP CREATE MKSTREAM)."""
+    def after_command(self, spec, argv, reply, index: int, removed=None, created=None) -> None:
+        """Record what one applied write changed (module doc). `removed`: the
+        keys a FLUSHALL/FLUSHDB/DEL/UNLINK found present (present_before);
+        `created`: a key the command brought into existence (XGROUP CREATE MKSTREAM)."""
         if isinstance(reply, EngineError) or not spec.is_write:
             return
         name = spec.name
-        if flushed is not None:
-            for key in flushed:
+        if removed is not None:
+            for key in removed:
                 self.changed[key] = index
             return
         if name in _GROUP_BOOKKEEPING:
             if created is not None:
                 self.changed[bytes(created)] = index
             return
-        if reply is None or reply is NULL_ARRAY:
+        if reply is None or reply is NULL_ARRAY or isinstance(reply, WouldBlock):
             return
         if name in _ZERO_IS_NOTHING and (reply == 0 or (name == "linsert" and reply == -1)):
             return
         if name in ("rename", "renamenx") and argv[1] == argv[2]:
             return
-        for key in command_keys(spec, argv):
+        if name in _POPS_ONE_OF:
+            self.changed[bytes(reply[0])] = index
+            return
+        for key in spec_keys(spec, argv):
             self.changed[bytes(key)] = index
 
     def touch(self, key: bytes, index: int) -> None:

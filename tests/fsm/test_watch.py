@@ -58,6 +58,17 @@ def test_exec_aborts_iff_a_watched_key_changed_after_the_watch():
                   ("XADD", "s", "NOMKSTREAM", "*", "f", "v"), ("RENAME", "l", "l"), ("LPUSH", "k9", "x")]:
         log.run(*words)
     assert log.exec_watched([("l", w), ("s", w)]) == []
+    # Multi-key writes touch only the keys they changed (redis signals those alone).
+    log.run("SET", "{a}1", "x")
+    log.run("RPUSH", "{a}3", "x", "y")
+    log.run("SET", "{a}5", "x")
+    w = log.sm.applied_index
+    for words in [("DEL", "{a}1", "{a}2"), ("UNLINK", "{a}2", "{a}1"), ("LMPOP", "2", "{a}4", "{a}3", "LEFT"),
+                  ("RENAMENX", "{a}5", "{a}3")]:
+        log.run(*words)
+    assert log.exec_watched([("{a}2", w), ("{a}4", w), ("{a}5", w)]) == []
+    for key in ("{a}1", "{a}3"):
+        assert log.exec_watched([(key, w)]) is NULL_ARRAY, key
 
 
 def test_flush_touches_the_keys_that_existed():
@@ -67,6 +78,41 @@ def test_flush_touches_the_keys_that_existed():
     log.run("FLUSHALL")
     assert log.exec_watched([("nosuch", w)]) == []
     assert log.exec_watched([("l", w)]) is NULL_ARRAY
+
+
+def test_a_served_blocked_client_modifies_what_it_popped():
+    """A blocked client woken by a push pops through its plan's internal retry
+    (fsm/blocking.py): that pop modifies the key it served from (redis signals
+    it), however the retry is spelled; a key it did not serve from is not touched.
+    A WATCH between the push and the pop must see the pop."""
+    from xraft.node.fsm.blocking import plan_blocking
+    cases = [(("BLMPOP", "0", "2", "{a}0", "{a}1", "LEFT"), ["{a}1"], ["{a}0"]),
+             (("BLPOP", "{a}0", "{a}1", "0"), ["{a}1"], ["{a}0"]),
+             (("BRPOP", "{a}1", "0"), ["{a}1"], []),
+             (("BLMOVE", "{a}1", "{a}2", "LEFT", "RIGHT", "0"), ["{a}1", "{a}2"], []),
+             (("BRPOPLPUSH", "{a}1", "{a}2", "0"), ["{a}1", "{a}2"], [])]
+    for blocking, touched, untouched in cases:
+        log = Log()
+        retry = plan_blocking(_cmd(*blocking)).retry_argv
+        assert retry[0].endswith(b"-woken"), retry
+        log.run("RPUSH", "{a}1", "x")                 # the push that wakes the client
+        w = log.sm.applied_index                      # a WATCH answered here
+        result = log.apply(Request.command(0, 0, retry))[0]
+        assert result not in (None, NULL_ARRAY), (blocking, result)
+        for key in touched:
+            assert log.exec_watched([(key, w)]) is NULL_ARRAY, (blocking, key)
+        assert log.exec_watched([(k, w) for k in untouched + ["{a}9"]]) == [], blocking
+
+
+def test_a_woken_xreadgroup_is_group_bookkeeping():
+    from xraft.node.fsm.blocking import woken_xreadgroup_request
+    log = Log()
+    log.run("XGROUP", "CREATE", "s", "g", "$", "MKSTREAM")
+    log.run("XADD", "s", "1-1", "f", "v")
+    w = log.sm.applied_index
+    log.apply(woken_xreadgroup_request(0, 0, _cmd("XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">")))
+    assert log.sm.read(_cmd("XPENDING", "s", "g"), T)[0] == 1      # it did read
+    assert log.exec_watched([("s", w)]) == []
 
 
 def test_versions_survive_snapshot_and_restore():

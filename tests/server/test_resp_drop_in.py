@@ -109,6 +109,28 @@ WATCH_SCRIPTS = {
         ("A", S("WATCH", "l")), ("B", S("LSET", "l", "0", "a")), ("A", S("MULTI")), ("A", S("EXEC")),
         ("A", S("WATCH", "l")), ("B", S("LTRIM", "l", "0", "-1")), ("A", S("MULTI")), ("A", S("EXEC")),
         ("A", S("WATCH", "l")), ("B", S("RPOPLPUSH", "l", "l")), ("A", S("MULTI")), ("A", S("EXEC"))],
+    # redis signals only the keys a multi-key write changed: DEL/UNLINK the keys it deleted,
+    # LMPOP the key it popped from, RENAMENX onto an existing key nothing
+    "multi-key writes touch only what they changed": [
+        ("A", S("SET", "a1", "1")), ("A", S("SET", "a3", "1")), ("A", S("WATCH", "a2")),
+        ("B", S("DEL", "a1", "a2")), ("B", S("UNLINK", "a3", "a2")), ("A", S("MULTI")),
+        ("A", S("PING")), ("A", S("EXEC")),
+        ("A", S("SET", "a1", "1")), ("A", S("WATCH", "a1")), ("B", S("DEL", "a2", "a1")),
+        ("A", S("MULTI")), ("A", S("EXEC")),
+        ("A", S("RPUSH", "l2", "x", "y")), ("A", S("WATCH", "l1")), ("B", S("LMPOP", "2", "l1", "l2", "LEFT")),
+        ("A", S("MULTI")), ("A", S("EXEC")), ("A", S("WATCH", "l2")), ("B", S("LMPOP", "2", "l1", "l2", "LEFT")),
+        ("A", S("MULTI")), ("A", S("EXEC")),
+        ("A", S("SET", "r", "1")), ("A", S("SET", "r2", "2")), ("A", S("WATCH", "r", "r2")),
+        ("B", S("RENAMENX", "r", "r2")), ("B", S("RENAME", "nor", "r2")), ("B", S("RENAMENX", "nor", "r3")),
+        ("A", S("MULTI")), ("A", S("EXEC"))],
+    "blocking pops inside multi touch only what they popped": [
+        ("A", S("RPUSH", "l2", "x", "y", "z")), ("A", S("WATCH", "l1", "l3")),
+        ("B", S("MULTI")), ("B", S("BLPOP", "l1", "l2", "0")), ("B", S("BRPOP", "l1", "l2", "0")),
+        ("B", S("BLMPOP", "0", "2", "l1", "l2", "LEFT")), ("B", S("BLPOP", "l3", "0")),
+        ("B", S("BLMPOP", "0", "1", "l3", "RIGHT")), ("B", S("BLMOVE", "l3", "l1", "LEFT", "LEFT", "0")),
+        ("B", S("EXEC")), ("A", S("MULTI")), ("A", S("EXEC")),
+        ("A", S("RPUSH", "l2", "x")), ("A", S("WATCH", "l2")), ("B", S("MULTI")),
+        ("B", S("BLPOP", "l1", "l2", "0")), ("B", S("EXEC")), ("A", S("MULTI")), ("A", S("EXEC"))],
 }
 
 
