@@ -124,6 +124,10 @@ def status(dir_, as_json, timeout):
         leads = ",".join(map(str, r["leads"])) if r["leads"] else "-"
         click.echo(f"{r['id']:>3}  {r['pid'] or '-':>7}  {'yes' if r['alive'] else 'no':5}  {r['role']:9}  "
                    f"{_dash(r['term']):>5}  {_dash(r['commit_index']):>7}  {r['grpc']:21}  {r['resp']:21}  {leads}")
+    if cluster.groups > 1:
+        # Many groups: each node leads some (LEADS); one "leader" line would mislead.
+        click.echo(f"{cluster.groups} groups; redis-cli -c -p <any RESP port> follows -MOVED to each key's leader")
+        return
     leader = lc.leader_of(rows)
     click.echo(f"leader: node {leader['id']} (redis-cli -p {leader['resp'].rsplit(':', 1)[1]})" if leader
                else "leader: none known")

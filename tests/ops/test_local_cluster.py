@@ -421,5 +421,7 @@ def test_e2e_sharded_local_cluster_spreads_leaders(cluster_dir):
         assert leads == {1: [1, 4], 2: [2, 5], 3: [3, 6]}
         table = _ctl("local", "status", "--dir", cluster_dir).stdout
         assert "LEADS" in table and " 1,4" in table
+        # no single "leader:" line for a sharded cluster: each node leads some groups
+        assert "leader: node" not in table and "6 groups; redis-cli -c" in table
     finally:
         assert _ctl("local", "down", "--dir", cluster_dir).returncode == 0
