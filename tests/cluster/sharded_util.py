@@ -1,0 +1,129 @@
+"""Helpers for crash tests of a sharded cluster (many Raft groups per node).
+
+    ClusterProducer            XADD {uid} round-robin over one stream per group through redis-py
+                               RedisCluster with its own retries OFF: a write whose outcome is
+                               unknown is recorded in `maybe`, never re-sent (RedisCluster's
+                               default re-sends after a connection error: a possible duplicate)
+    ClusterProducer.view(key)  the .acked / .maybe of one stream, for harness.check_stream
+    group_lines(node)          INFO raft's per-group lines, {group: {...}}, or None
+    wait_groups_caught_up(...) every node applied its group leader's commit index, per group
+"""
+import time
+import types
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
+from redis.retry import Retry
+
+from tests.cluster.conftest import wait_until
+from tests.cluster.harness import FAILOVER_BUDGET_S, RETRY_PREFIXES, Worker, raft_info
+
+
+class ClusterProducer(Worker):
+    """A write that got a reply meaning "nothing was done" (CLUSTERDOWN, TRYAGAIN, NOTLEADER,
+    ...; MOVED is followed inside RedisCluster) is re-sent within FAILOVER_BUDGET_S; one that
+    may have been applied (connection lost or timed out after sending, -UNKNOWNOUTCOME, a
+    topology refresh failing mid-command) goes to `maybe` and the next write gets a new uid."""
+
+    def __init__(self, cluster, keys, prefix: str = "rc", interval: float = 0.002):
+        super().__init__("cluster-producer-" + prefix)
+        self.cluster, self.keys, self.prefix, self.interval = cluster, list(keys), prefix, interval
+        self.acked = {k: {} for k in self.keys}      # key -> {uid: id}
+        self.maybe = {k: set() for k in self.keys}
+        self.retried = 0                             # "nothing was done" replies re-sent
+        self.rc = None
+
+    def view(self, key):
+        return types.SimpleNamespace(acked=self.acked[key], maybe=self.maybe[key])
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.acked.values())
+
+    def _client(self) -> RedisCluster:
+        if self.rc is None:
+            for n in self.cluster.nodes.values():
+                if not n.running():
+                    continue
+                host, port = n.resp.rsplit(":", 1)
+                try:
+                    self.rc = RedisCluster(host=host, port=int(port), socket_timeout=3, socket_connect_timeout=1,
+                                           retry=Retry(NoBackoff(), 0), decode_responses=True)
+                    break
+                except (RedisClusterException, redis.RedisError, OSError):
+                    continue              # this seed is restarting: the next one
+        return self.rc
+
+    def _drop(self):
+        if self.rc is not None:
+            self.rc.close()
+        self.rc = None
+
+    def write(self, key, uid) -> None:
+        deadline = time.monotonic() + FAILOVER_BUDGET_S
+        while True:
+            rc = self._client()
+            if rc is not None:
+                try:
+                    self.acked[key][uid] = rc.xadd(key, {"uid": uid})
+                    return
+                except (TryAgainError, ClusterDownError):
+                    self._drop()          # a group without a leader: refresh the slot map
+                except redis.ResponseError as e:
+                    word = str(e).split(" ", 1)[0]
+                    if word not in RETRY_PREFIXES:
+                        if word == "UNKNOWNOUTCOME":
+                            self.maybe[key].add(uid)
+                            return
+                        raise
+                    self._drop()
+                except (redis.RedisError, RedisClusterException, OSError):
+                    # Sent (or maybe sent) and no reply: it may have been applied. Not re-sent.
+                    self._drop()
+                    self.maybe[key].add(uid)
+                    return
+                self.retried += 1
+            if time.monotonic() >= deadline:
+                raise AssertionError("%s: %s not written in %.0fs" % (self.name, uid, FAILOVER_BUDGET_S))
+            if self.stop.is_set() and rc is None:
+                return                    # never sent: nothing uncertain is left
+            time.sleep(0.05)
+
+    def work(self):
+        n = 0
+        try:
+            while not self.stop.is_set():
+                n += 1
+                for k in self.keys:
+                    self.write(k, "%s-%s-%d" % (self.prefix, k, n))
+                self.stop.wait(self.interval)
+        finally:
+            self._drop()
+
+
+def group_lines(node):
+    """{group: INFO raft's raft_group<g> line as a dict} of a running node, or None."""
+    inf = raft_info(node)
+    if not inf:
+        return None
+    return {int(k[len("raft_group"):]): v for k, v in inf.items()
+            if k.startswith("raft_group") and k[len("raft_group"):].isdigit()}
+
+
+def wait_groups_caught_up(cluster, groups, timeout: float = 60.0) -> dict:
+    """{group: index} once, in every group, one node is leader and every node has applied its
+    commit index (nothing may be writing)."""
+    def same():
+        lines = {i: group_lines(n) for i, n in cluster.nodes.items()}
+        if not all(lines.values()):
+            return None
+        out = {}
+        for g in groups:
+            per = [ln[g] for ln in lines.values()]
+            leads = [x for x in per if x.get("role") == "leader"]
+            if len(leads) != 1 or not all(x.get("applied_index") == leads[0]["commit_index"] for x in per):
+                return None
+            out[g] = leads[0]["commit_index"]
+        return out
+    return wait_until(same, timeout, "every node to apply each group's commit index")
