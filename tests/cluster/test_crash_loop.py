@@ -46,28 +46,8 @@ def crash_loop(cluster_factory, seconds: float, seed: int, fsync: str = "always"
                  h.SdkProducer(cluster, STREAM, "s", interval=0.002)]
     for p in producers:
         p.start()
-    kills = restarts = at_new_snapshot = 0
-    victims = []
-    try:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            _raise_failed(producers)
-            node = cluster.nodes[rng.choice(sorted(cluster.nodes))]
-            if kills % 3 and _wait_new_snapshot_file(node, PAUSE_S[1]):
-                at_new_snapshot += 1
-            node.signal(signal.SIGKILL)
-            assert node.wait_exit() == -signal.SIGKILL
-            kills += 1
-            victims.append(node.id)
-            node.start()
-            node.wait_ready()          # raises with the node's log if it exits instead
-            restarts += 1
-            time.sleep(rng.uniform(*PAUSE_S))
-        for p in producers:
-            p.finish()
-    finally:
-        for p in producers:
-            p.stop.set()
+    kills, at_new_snapshot, victims = kill_loop(cluster, rng, seconds, producers)
+    restarts = kills                   # kill_loop restarts every victim and waits for its "ready"
     assert all(n.running() for n in cluster.nodes.values()), cluster.logs()
     leader = cluster.wait_leader()
     h.wait_caught_up(cluster, list(cluster.nodes), timeout=60)
@@ -83,6 +63,34 @@ def crash_loop(cluster_factory, seconds: float, seed: int, fsync: str = "always"
     assert all(i > 0 for i in figures["snapshot_index"].values()), figures
     print("\ncrash loop: %r" % figures)
     return figures
+
+
+def kill_loop(cluster, rng, seconds: float, workers) -> tuple:
+    """For `seconds`: SIGKILL a random node (two kills in three the moment a new snapshot file
+    appears), restart it from disk, wait for its "ready" line (raises with its log if it exits),
+    pause PAUSE_S; then finish the workers. (kills, kills at a new snapshot, victims' ids)."""
+    kills = at_new_snapshot = 0
+    victims = []
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            _raise_failed(workers)
+            node = cluster.nodes[rng.choice(sorted(cluster.nodes))]
+            if kills % 3 and _wait_new_snapshot_file(node, PAUSE_S[1]):
+                at_new_snapshot += 1
+            node.signal(signal.SIGKILL)
+            assert node.wait_exit() == -signal.SIGKILL
+            kills += 1
+            victims.append(node.id)
+            node.start()
+            node.wait_ready()
+            time.sleep(rng.uniform(*PAUSE_S))
+        for w in workers:
+            w.finish()
+    finally:
+        for w in workers:
+            w.stop.set()
+    return kills, at_new_snapshot, victims
 
 
 def _snapshot_files(node) -> set:

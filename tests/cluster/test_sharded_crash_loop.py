@@ -18,14 +18,12 @@ XRAFT_SHARDED_CRASH_LOOP_S seconds (default 90), seed XRAFT_SHARDED_CRASH_LOOP_S
 import glob
 import os
 import random
-import signal
-import time
 
 import pytest
 
 from tests.cluster import harness as h
 from tests.cluster.sharded_util import ClusterProducer, wait_groups_caught_up
-from tests.cluster.test_crash_loop import PAUSE_S, SNAPSHOT_ENTRIES, _raise_failed, _wait_new_snapshot_file
+from tests.cluster.test_crash_loop import SNAPSHOT_ENTRIES, kill_loop
 from tests.cluster.test_sharded_cluster import GROUPS, key_of_group
 from tests.cluster.test_sharded_failover import every_group_led_among
 
@@ -43,27 +41,7 @@ def sharded_crash_loop(cluster_factory, seconds: float, seed: int, fsync: str = 
     workers = [rc_producer] + list(sdk_producers.values())
     for w in workers:
         w.start()
-    kills = at_new_snapshot = 0
-    victims = []
-    try:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            _raise_failed(workers)
-            node = cluster.nodes[rng.choice(sorted(cluster.nodes))]
-            if kills % 3 and _wait_new_snapshot_file(node, PAUSE_S[1]):
-                at_new_snapshot += 1
-            node.signal(signal.SIGKILL)
-            assert node.wait_exit() == -signal.SIGKILL
-            kills += 1
-            victims.append(node.id)
-            node.start()
-            node.wait_ready()          # raises with the node's log if it exits instead
-            time.sleep(rng.uniform(*PAUSE_S))
-        for w in workers:
-            w.finish()
-    finally:
-        for w in workers:
-            w.stop.set()
+    kills, at_new_snapshot, victims = kill_loop(cluster, rng, seconds, workers)
     assert all(n.running() for n in cluster.nodes.values()), cluster.logs()
     leaders = h.wait_for(lambda: every_group_led_among(cluster, list(cluster.nodes)), 60,
                          "a leader for every group after the loop")
