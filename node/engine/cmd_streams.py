@@ -307,9 +307,13 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
     `idmp_pid`: `IDMP idmp_pid <iid>` on every entry, iid = idmp_iids[i]
     (bytes), or IDMPAUTO for an entry whose idmp_iids[i] is None."""
     n = len(entries)
-    if idmp_pid is not None:
-        return _xadd_many_idmp(db, key, entries, now_ms, idmp_pid, idmp_iids, no_mkstream=no_mkstream,
-                               strategy=strategy, approx=approx, threshold=threshold, limit=limit)
+    idmp = idmp_pid is not None
+    if idmp:
+        invariant(len(idmp_iids) == n, "one idempotent id per entry")
+        try:
+            check_producer(idmp_pid, False)
+        except CommandError as e:
+            return [e] * n
     try:
         args = xadd_trim_args(strategy, approx, threshold, limit, db.config.stream_node_max_entries)
     except CommandError as e:
@@ -333,13 +337,32 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
     added_before = target.entries_added
     out = []
     add = out.append
-    for kind, ms, seq, fields in entries:
-        if kind == ID_EXPLICIT and not ms and not seq:
+    expired = False
+    for i, (kind, ms, seq, fields) in enumerate(entries):
+        if idmp:
+            iid = idmp_iids[i]
+            if kind != ID_AUTO or (iid is not None and not iid):
+                add(CommandError(ERR_AUTO_ID_ONLY if kind != ID_AUTO else ERR_IDMP_EMPTY_IID))
+                continue
+        elif kind == ID_EXPLICIT and not ms and not seq:
             add(CommandError(_ERR_ID_ZERO))
             continue
         if skip is not False:
             add(skip)                               # WRONGTYPE, or None (NOMKSTREAM, no stream)
             continue
+        if idmp:
+            # xadd's _idmp_duplicate, with expiry once: every entry has the same now_ms.
+            iid = manual_iid(iid) if iid is not None else auto_iid(fields)
+            state = target.idmp
+            if state is not None:
+                if not expired:
+                    state.expire(now_ms)
+                    expired = True
+                dup = state.lookup(idmp_pid, iid)
+                if dup is not None:
+                    state.iids_duplicates += 1
+                    add(format_id(dup))
+                    continue
         try:
             ms, seq = entry_id(target.last_id, kind, ms, seq, now_ms)
         except CommandError as e:
@@ -354,45 +377,15 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
         if not stored:
             db.set(key, target)
             stored = True
-        append_entry(new_sid(sid_cls, (ms, seq)), fields, node_bytes, node_entries)
+        sid = new_sid(sid_cls, (ms, seq))
+        append_entry(sid, fields, node_bytes, node_entries)
+        if idmp:
+            idmp_of(target, True).record(idmp_pid, iid, sid, now_ms)
         if trim is not None:
             trim(*trim_args)
         add(b"%d-%d" % (ms, seq))
     if target.entries_added != added_before:
         db.signal_ready(key)
-    return out
-
-
-def _xadd_many_idmp(db, key, entries, now_ms, pid, iids, **options) -> list:
-    """xadd_many with IDMP: each entry on its own (a duplicate must see the
-    pairs the entries before it recorded), through the one-entry path."""
-    invariant(len(iids) == len(entries), "one idempotent id per entry")
-    out = []
-    for (kind, ms, seq, fields), iid in zip(entries, iids):
-        if kind != ID_AUTO:
-            out.append(CommandError(ERR_AUTO_ID_ONLY))
-            continue
-        try:
-            check_producer(pid, iid is None)
-            if iid is not None and not iid:
-                raise CommandError(ERR_IDMP_EMPTY_IID)
-            ikey = manual_iid(iid) if iid is not None else auto_iid(fields)
-            stream = lookup_stream(db, key)
-            dup = None if stream is None else _idmp_duplicate(stream, pid, ikey, now_ms)
-        except CommandError as e:
-            out.append(e)
-            continue
-        except WrongTypeError as e:
-            out.append(e)
-            continue
-        if dup is not None:
-            out.append(dup)
-            continue
-        result = xadd_many(db, key, [(kind, ms, seq, fields)], now_ms, **options)[0]
-        if isinstance(result, bytes):
-            stream = lookup_stream(db, key)
-            idmp_of(stream, True).record(pid, ikey, StreamID(*map(int, result.split(b"-"))), now_ms)
-        out.append(result)
     return out
 
 
