@@ -7,6 +7,7 @@
     xraftctl status       --seed HOST:PORT [--json] [--token-file F] [--tls-ca F --tls-cert F --tls-key F]
     xraftctl leader transfer --seed HOST:PORT --group G --to NODE [--json]
     xraftctl rebalance    --seed HOST:PORT --dry-run [--json]
+    xraftctl compose      [--nodes 3] [--groups G] [--token] > docker-compose.yml
 
 `local ...` manages processes on this machine; `status` (and every command to
 come that takes --seed) talks to any running cluster through the SDK.
@@ -23,7 +24,7 @@ import time
 
 import click
 
-from . import cluster_admin, cluster_status
+from . import cluster_admin, cluster_status, compose_cli
 from . import local_cluster as lc
 
 
@@ -73,7 +74,9 @@ dir_option = click.option("--dir", "dir_", required=True, envvar="XRAFT_LOCAL_DI
 @click.option("--groups", type=click.IntRange(1, lc.MAX_GROUPS), default=None,
               help="Data Raft groups the slots are split over (default 1; for a new cluster only: "
                    "leaders spread over the nodes).")
-def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command, groups):
+@click.option("--metrics-base-port", type=click.IntRange(1024, 65535), default=None,
+              help="Node i serves Prometheus metrics on P+i-1 (xraft-node --metrics); new clusters only.")
+def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command, groups, metrics_base_port):
     """Start a local cluster, or restart a stopped one from its data.
 
     A new cluster gets free ports, a random cluster id and a shared secret
@@ -85,7 +88,8 @@ def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command, groups):
     """
     command = node_command.split() if node_command else None
     cluster = _run(lc.up, dir_, nodes=nodes, base_port=base_port, fsync=fsync, timeout=timeout,
-                   progress=_progress(), node_command=command, node_args=node_args, groups=groups)
+                   progress=_progress(), node_command=command, node_args=node_args, groups=groups,
+                   metrics_base_port=metrics_base_port)
     click.echo(lc.connection_help(cluster, lc.find_leader(cluster)))
 
 
@@ -235,6 +239,9 @@ def rebalance(conn, dry_run, as_json):
         raise click.ClickException(cluster_admin.NOT_BUILT)
     plan = _run(cluster_admin.rebalance_plan, conn)
     click.echo(json.dumps(plan, indent=2) if as_json else cluster_admin.plan_text(plan))
+
+
+main.add_command(compose_cli.compose)
 
 
 if __name__ == "__main__":
