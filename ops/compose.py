@@ -214,8 +214,20 @@ def header(opts: ComposeOptions) -> str:
             + " (README, \"Testing HA\").\n")
 
 
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that writes multi-line strings (the inline configs) as literal | blocks."""
+
+
+def _str(dumper, value: str):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def render(opts: ComposeOptions) -> str:
     """The docker-compose.yml text: the same options always give the same bytes."""
     # Deep copy: PyYAML writes &anchors for objects it meets twice; each service gets its own.
     doc = copy.deepcopy(compose(opts))
-    return header(opts) + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=120)
+    return header(opts) + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)

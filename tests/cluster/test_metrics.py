@@ -164,3 +164,19 @@ def test_other_paths_and_methods_are_refused(mcluster):
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(req, timeout=5)
     assert ei.value.code == 405
+
+
+def test_health_probe_follows_serving_and_a_lost_quorum(mcluster, capsys):
+    """xraft-health (the containers' health check): 0 while the node serves, 1 once it
+    has no leader (two of three nodes stopped) or does not answer at all."""
+    from xraft.ops import health_probe
+    mcluster.wait_leader()
+    for node in mcluster.nodes.values():
+        assert health_probe.main([node.grpc]) == 0
+    (dead,) = free_ports(1)
+    assert health_probe.main(["127.0.0.1:%d" % dead, "--timeout", "1"]) == 1
+    assert "UNAVAILABLE" in capsys.readouterr().err
+    survivor = mcluster.nodes[1]
+    mcluster.stop(ids=[2, 3])
+    wait_until(lambda: health_probe.main([survivor.grpc]) == 1, 30, "node 1 to report NOT_SERVING")
+    assert "NOT_SERVING" in capsys.readouterr().err
