@@ -2,16 +2,16 @@
 import click
 
 from . import compose as cp
-
-FSYNC_CHOICES = ("always", "batch", "never")
+from .local_cluster import FSYNC_CHOICES, MAX_GROUPS
 
 
 @click.command("compose")
 @click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, cp.MAX_NODES), help="Number of voters.")
-@click.option("--groups", default=1, show_default=True, type=click.IntRange(1, 1024),
+@click.option("--groups", default=1, show_default=True, type=click.IntRange(1, MAX_GROUPS),
               help="Data Raft groups the slots are split over (xraft-node --groups).")
 @click.option("--cluster-id", default=cp.ComposeOptions.cluster_id, show_default=True, help="The cluster's id.")
-@click.option("--fsync", type=click.Choice(FSYNC_CHOICES), default=None, help="The nodes' fsync policy (default: the node's).")
+@click.option("--fsync", type=click.Choice(FSYNC_CHOICES), default=None,
+              help="The nodes' fsync policy (default: the node's).")
 @click.option("--token", is_flag=True,
               help=f"Serve the gRPC client API behind a bearer token (compose secret from {cp.TOKEN_SOURCE}).")
 @click.option("--host-ip", default=cp.ComposeOptions.host_ip, show_default=True,

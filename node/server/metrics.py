@@ -12,6 +12,7 @@ What is measured, and where the cost falls:
     requests per command, latency       request_stats.RequestStats: the front ends
       (histograms, label api, command)  record each command (RESP) / unary RPC (gRPC)
     blocked clients (label api)         the blocking registries, at scrape time
+    process_* (CPU, memory, fds)        prometheus_client's ProcessCollector (/proc)
     streams: length, consumer groups,   read at scrape time, only for the groups this
       PEL entries (labels key, cgroup)  node leads (a cluster-wide sum counts each once),
                                         bounded: at most MAX_KEYS_SCANNED keys looked at
@@ -29,7 +30,7 @@ import asyncio
 import logging
 from typing import Callable, Iterable, Optional
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from ..engine.stream import Stream
@@ -48,6 +49,8 @@ MAX_LABEL_CHARS = 128          # a key or group name longer than this is cut (la
 MAX_REQUEST_HEAD = 8192        # bytes of an HTTP request head; more is refused
 MAX_CONNECTIONS = 16           # concurrent scrapers; more are refused with 503
 READ_TIMEOUT_S = 5.0
+_REASONS = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed", 500: b"Internal Server Error",
+            503: b"Service Unavailable"}
 
 
 def _label(raw) -> str:
@@ -178,10 +181,12 @@ class NodeCollector:
 
 
 class Metrics:
-    """The node's registry: the fsync histogram (fed from the WAL) and NodeCollector."""
+    """The node's registry: the fsync histogram (fed from the WAL), NodeCollector, and the
+    process' CPU, memory and file descriptors (prometheus_client's process_* from /proc)."""
 
     def __init__(self):
         self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
         self.fsync_seconds = Histogram("xraft_wal_fsync_seconds", "WAL commit fdatasync latency",
                                        buckets=FSYNC_BUCKETS, registry=self.registry)
 
@@ -247,7 +252,7 @@ class MetricsServer:
     @staticmethod
     async def _reply(writer, status: int, body: bytes, ctype: bytes = b"text/plain; charset=utf-8",
                      length: Optional[int] = None) -> None:
-        reason = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed", 500: b"Internal Server Error", 503: b"Service Unavailable"}[status]
+        reason = _REASONS[status]
         writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
                      % (status, reason, ctype, len(body) if length is None else length) + body)
         try:

@@ -13,6 +13,7 @@
     backend                       --groups 1: the group's RaftBackend; more: ShardedBackend
                                   (sharded_backend.py) routing each request by its keys' slot
     LeaderBalancer                leaders move to each group's preferred node (leader_balance.py)
+    metrics on --metrics          Prometheus /metrics over HTTP on the event loop (metrics.py)
 
 Start-up: validate everything (config, secret, TLS files, token) before
 touching the data dir; lock the data dir (a second process on the same
