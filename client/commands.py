@@ -109,13 +109,15 @@ class Commands:
             if idempotent_ids is not None:
                 raise ValueError("idempotent ids need '*' IDs")
             return
-        if idempotent_ids is None:
-            idempotent_ids = [b"%d" % n for n in self._iids(len(req.entries))]
-        elif len(idempotent_ids) != len(req.entries):
-            raise ValueError("one idempotent id per entry")
         req.producer_id = self.producer_id
+        if idempotent_ids is None:
+            for e, n in zip(req.entries, self._iids(len(req.entries))):
+                e.idempotent_id = b"%x" % n
+            return
+        if len(idempotent_ids) != len(req.entries):
+            raise ValueError("one idempotent id per entry")
         for e, iid in zip(req.entries, idempotent_ids):
-            e.idempotent_id = to_bytes(iid)
+            e.idempotent_id = iid if iid.__class__ is bytes else to_bytes(iid)
 
     async def xadd_multi(self, batches: dict, *, timeout=None, **options) -> dict:
         """XADD to several streams at once: {key: entries} -> {key: results}.

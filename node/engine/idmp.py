@@ -126,17 +126,22 @@ class IdmpState:
 
     def record(self, pid: bytes, iid: bytes, sid: StreamID, now_ms: int) -> None:
         """Remember that (pid, iid) added `sid` at now_ms; evict the producer's
-        oldest beyond maxsize and the stream's oldest beyond MAX_TRACKED_IIDS."""
+        oldest beyond maxsize and the stream's oldest beyond MAX_TRACKED_IIDS.
+        (Inlined: a steady producer evicts one id per id it adds; this runs
+        per entry on every replica.)"""
         ids = self.producers.get(pid)
         if ids is None:
             ids = self.producers[pid] = OrderedDict()
         ids[iid] = sid
-        self.order[(pid, iid)] = now_ms
+        order = self.order
+        order[(pid, iid)] = now_ms
         self.iids_added += 1
-        while len(ids) > self.maxsize:
-            self._forget(pid, next(iter(ids)))
-        while len(self.order) > MAX_TRACKED_IIDS:
-            self._forget(*next(iter(self.order)))
+        if len(ids) > self.maxsize:
+            oldest = next(iter(ids))
+            del ids[oldest]
+            del order[(pid, oldest)]
+        while len(order) > MAX_TRACKED_IIDS:
+            self._forget(*next(iter(order)))
 
     def configure(self, duration_s, maxsize) -> None:
         """XCFGSET: a changed value clears every producer's history (the
