@@ -61,8 +61,6 @@ is checked before any of it is parsed.
 import struct
 import zlib
 
-from collections import OrderedDict
-
 from . import groups as g
 from . import idmp as im
 from .rax import Rax
@@ -256,15 +254,10 @@ def _load_idmp(reader: _Reader):
         if prev_ms is not None and added_ms < prev_ms:
             raise CorruptStreamState("stream snapshot: idmp pairs out of time order")
         prev_ms = added_ms
-        ids = state.producers.get(pid)
-        if ids is None:
-            ids = state.producers[pid] = OrderedDict()
-        if iid in ids:
-            raise CorruptStreamState("stream snapshot: idmp pair twice")
-        if len(ids) >= maxsize:
+        if len(state.producers.get(pid, ())) >= maxsize:
             raise CorruptStreamState("stream snapshot: idmp producer over maxsize")
-        ids[iid] = StreamID(ms, seq)
-        state.order[(pid, iid)] = added_ms
+        if not state.load_pair(pid, iid, StreamID(ms, seq), added_ms):
+            raise CorruptStreamState("stream snapshot: idmp pair twice")
     return state
 
 

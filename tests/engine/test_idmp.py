@@ -325,3 +325,18 @@ def test_corrupt_idmp_sections_rejected():
     for n in range(head, len(buf)):
         with pytest.raises(CorruptStreamState):
             load_stream(buf[:n])
+
+
+def test_evicted_pairs_leave_a_bounded_queue_and_snapshot_once():
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "p", "first", "*", "f", "v", now_ms=1000)
+    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "1")
+    for i in range(10_000):                        # each one evicts the one before it
+        call(db, "XADD", "s", "IDMP", "p", "r%d" % (i % 3), "*", "f", "v", now_ms=1000)
+    st = db.get(b"s").idmp
+    assert st.tracked == 1 and len(st.queue) <= 2 * st.tracked + 4096
+    # r0 was evicted and recorded again within the same ms: one pair in the snapshot
+    pairs = list(st.pairs())
+    assert len(pairs) == 1
+    loaded = load_stream(dump_stream(db.get(b"s")))
+    assert list(loaded.idmp.pairs()) == pairs
