@@ -36,6 +36,14 @@ def pending(db, group, key="s"):
     return call(db, "XPENDING", key, group)[0]
 
 
+def both_groups_read_both():
+    """Entries 1-0 and 2-0, both pending in group1 and in group2."""
+    db = stream_of("1-0", "2-0", groups=["group1", "group2"])
+    read_all(db, "group1", "consumer1")
+    read_all(db, "group2", "consumer2")
+    return db
+
+
 def read_all(db, group, consumer="c", count=None):
     extra = ["COUNT", count] if count else []
     return call(db, "XREADGROUP", "GROUP", group, consumer, *extra, "STREAMS", "s", ">")
@@ -139,9 +147,7 @@ def test_xdelex_missing_key_and_missing_ids():
 
 
 def test_xdelex_delref_removes_from_all_pels():
-    db = stream_of("1-0", "2-0", groups=["group1", "group2"])
-    read_all(db, "group1", "consumer1")
-    read_all(db, "group2", "consumer2")
+    db = both_groups_read_both()
     assert call(db, "XDELEX", "s", "DELREF", "IDS", "2", "1-0", "2-0") == [1, 1]
     assert call(db, "XLEN", "s") == 0 and pending(db, "group1") == 0 and pending(db, "group2") == 0
 
@@ -172,9 +178,7 @@ def test_xdelex_acked_and_group_last_ids():
 
 
 def test_xdelex_keepref_keeps_pels():
-    db = stream_of("1-0", "2-0", groups=["group1", "group2"])
-    read_all(db, "group1")
-    read_all(db, "group2")
+    db = both_groups_read_both()
     assert call(db, "XDELEX", "s", "IDS", "2", "1-0", "2-0") == [1, 1]
     assert pending(db, "group1") == 2 and pending(db, "group2") == 2
     assert call(db, "XDELEX", "s", "IDS", "2", "1-0", "2-0") == [-1, -1]
@@ -197,18 +201,14 @@ def test_xackdel_arity_and_missing_key_or_group():
 
 
 def test_xackdel_delref():
-    db = stream_of("1-0", "2-0", groups=["group1", "group2"])
-    read_all(db, "group1")
-    read_all(db, "group2")
+    db = both_groups_read_both()
     assert call(db, "XACKDEL", "s", "group1", "DELREF", "IDS", "2", "1-0", "2-0") == [1, 1]
     assert call(db, "XLEN", "s") == 0 and pending(db, "group1") == 0 and pending(db, "group2") == 0
     assert call(db, "XACKDEL", "s", "group2", "DELREF", "IDS", "2", "1-0", "2-0") == [-1, -1]
 
 
 def test_xackdel_acked():
-    db = stream_of("1-0", "2-0", groups=["group1", "group2"])
-    read_all(db, "group1")
-    read_all(db, "group2")
+    db = both_groups_read_both()
     assert call(db, "XACKDEL", "s", "group1", "ACKED", "IDS", "2", "1-0", "2-0") == [2, 2]
     assert call(db, "XLEN", "s") == 2 and pending(db, "group1") == 0 and pending(db, "group2") == 2
     assert call(db, "XACKDEL", "s", "group2", "ACKED", "IDS", "2", "1-0", "2-0") == [1, 1]
@@ -216,9 +216,7 @@ def test_xackdel_acked():
 
 
 def test_xackdel_keepref():
-    db = stream_of("1-0", "2-0", groups=["group1", "group2"])
-    read_all(db, "group1")
-    read_all(db, "group2")
+    db = both_groups_read_both()
     assert call(db, "XACKDEL", "s", "group1", "KEEPREF", "IDS", "2", "1-0", "2-0") == [1, 1]
     assert call(db, "XLEN", "s") == 0 and pending(db, "group1") == 0 and pending(db, "group2") == 2
     assert call(db, "XACKDEL", "s", "group2", "KEEPREF", "IDS", "2", "1-0", "2-0") == [1, 1]
