@@ -30,6 +30,10 @@ def _ids(ids) -> list:
     return [StreamID.parse(i).to_pb() for i in ids]
 
 
+def _id_texts(ids) -> list:
+    return [str(StreamID.parse(i)) for i in ids]
+
+
 def _block_timeout(block_ms, timeout):
     """The call's timeout for a blocking form: BLOCK 0 waits as long as the
     caller allows (None = no deadline)."""
@@ -105,13 +109,15 @@ class Commands:
             if idempotent_ids is not None:
                 raise ValueError("idempotent ids need '*' IDs")
             return
-        if idempotent_ids is None:
-            idempotent_ids = [b"%d" % n for n in self._iids(len(req.entries))]
-        elif len(idempotent_ids) != len(req.entries):
-            raise ValueError("one idempotent id per entry")
         req.producer_id = self.producer_id
+        if idempotent_ids is None:
+            for e, n in zip(req.entries, self._iids(len(req.entries))):
+                e.idempotent_id = b"%x" % n
+            return
+        if len(idempotent_ids) != len(req.entries):
+            raise ValueError("one idempotent id per entry")
         for e, iid in zip(req.entries, idempotent_ids):
-            e.idempotent_id = to_bytes(iid)
+            e.idempotent_id = iid if iid.__class__ is bytes else to_bytes(iid)
 
     async def xadd_multi(self, batches: dict, *, timeout=None, **options) -> dict:
         """XADD to several streams at once: {key: entries} -> {key: results}.
@@ -403,6 +409,25 @@ class Commands:
     async def llen(self, key, *, timeout=None) -> int:
         req = pb.ListLenRequest(key=to_bytes(key))
         return (await self._unary("ListLen", req, write=False, timeout=timeout, keys=req.key)).length
+
+    # -- Redis 8.x stream commands (through Execute; docs/streams-8x.md) -------------------
+
+    async def xdelex(self, key, *ids, policy="KEEPREF", timeout=None) -> list:
+        """XDELEX key KEEPREF|DELREF|ACKED IDS n id...: per ID 1 deleted, -1 absent, 2 kept (ACKED)."""
+        return await self.execute("XDELEX", key, policy, "IDS", len(ids), *_id_texts(ids), timeout=timeout)
+
+    async def xackdel(self, key, group, *ids, policy="KEEPREF", timeout=None) -> list:
+        """XACKDEL key group KEEPREF|DELREF|ACKED IDS n id...: per ID 1, -1 or 2 (ACKED, kept)."""
+        return await self.execute("XACKDEL", key, group, policy, "IDS", len(ids), *_id_texts(ids), timeout=timeout)
+
+    async def xcfgset(self, key, *, idmp_duration=None, idmp_maxsize=None, retention=None, timeout=None) -> None:
+        """XCFGSET key [IDMP-DURATION s] [IDMP-MAXSIZE n] [RETENTION ACKED|NONE]."""
+        argv = ["XCFGSET", key]
+        for name, value in (("IDMP-DURATION", idmp_duration), ("IDMP-MAXSIZE", idmp_maxsize),
+                            ("RETENTION", retention)):
+            if value is not None:
+                argv += [name, value]
+        await self.execute(*argv, timeout=timeout)
 
     # -- anything else -------------------------------------------------------------------
 

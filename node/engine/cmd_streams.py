@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .commands import BLOCKING, READONLY, WRITE, command
 from .errors import NO_SUCH_KEY, CommandError, WrongTypeError, not_integer, syntax_error, wrong_arity
+from .refs import KEEPREF, parse_policy, trim_with_policy
 from .idmp import ERR_AUTO_ID_ONLY, ERR_IDMP_EMPTY_IID, ERR_TWICE, auto_iid, check_producer, idmp_of, manual_iid
 from ..invariant import invariant
 from .replies import NULL_ARRAY, OK, PairMap, WouldBlock
@@ -53,6 +54,7 @@ class AddTrimArgs:
     id_pos: int = 0                 # argv index of XADD's ID argument
     idmp_pid: bytes | None = None   # XADD IDMP/IDMPAUTO's producer id (idmp.py)
     idmp_iid: bytes | None = None   # IDMP's idempotent id; None with IDMPAUTO
+    policy: str | None = None       # KEEPREF / DELREF / ACKED (Redis 8.2, refs.py); None: KEEPREF
 
     @property
     def threshold(self):
@@ -105,6 +107,10 @@ def parse_add_or_trim_args(argv, xadd: bool, node_max_entries: int) -> AddTrimAr
             i += 1
         elif xadd and low == b"nomkstream":
             args.no_mkstream = True
+        elif parse_policy(low) is not None:
+            if args.policy is not None:             # one of the three, once
+                raise syntax_error()
+            args.policy = parse_policy(low)
         elif xadd and ((low == b"idmp" and more >= 2) or (low == b"idmpauto" and more)):
             _parse_idmp(args, argv, i, low == b"idmpauto")
             i += 1 if low == b"idmpauto" else 2
@@ -155,7 +161,9 @@ def _default_approx_limit(node_max_entries: int) -> int:
 def _trim(stream, args: AddTrimArgs) -> int:
     if args.strategy is None:
         return 0
-    return stream.trim(args.strategy, args.threshold, args.approx, args.limit)
+    if args.policy is None or args.policy == KEEPREF:
+        return stream.trim(args.strategy, args.threshold, args.approx, args.limit)
+    return trim_with_policy(stream, args.strategy, args.threshold, args.approx, args.limit, args.policy)
 
 
 # -- XADD ---------------------------------------------------------------------
@@ -197,7 +205,7 @@ def _entry_id(last_id, kind: int, ms: int, seq: int, now_ms: int) -> tuple:
 
 @command("xadd", -5, (WRITE,), 1, 1, 1)
 def xadd(db, argv, now_ms):
-    """XADD key [NOMKSTREAM] [MAXLEN|MINID [=|~] threshold [LIMIT count]]
+    """XADD key [NOMKSTREAM] [KEEPREF|DELREF|ACKED] [MAXLEN|MINID [=|~] threshold [LIMIT count]]
     [IDMPAUTO pid | IDMP pid iid] *|id field value [...]
 
     With IDMP/IDMPAUTO (Redis 8.6, idmp.py) a pair the stream still tracks
@@ -463,7 +471,7 @@ def xdel(db, argv, now_ms):
 
 @command("xtrim", -4, (WRITE,), 1, 1, 1)
 def xtrim(db, argv, now_ms):
-    """XTRIM key MAXLEN|MINID [=|~] threshold [LIMIT count]: entries removed."""
+    """XTRIM key MAXLEN|MINID [=|~] threshold [LIMIT count] [KEEPREF|DELREF|ACKED]: entries removed."""
     args = parse_add_or_trim_args(argv, False, db.config.stream_node_max_entries)
     stream = lookup_stream(db, argv[1])
     if stream is None:

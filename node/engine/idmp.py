@@ -29,7 +29,7 @@ others).
 """
 import hashlib
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from .errors import CommandError
 from .streamid import StreamID
@@ -81,62 +81,86 @@ def check_producer(pid: bytes, auto: bool) -> None:
 
 class IdmpState:
     """The IDMP table of one stream (None on a stream that never used IDMP or
-    XCFGSET: such a stream answers XINFO STREAM exactly as redis 7.0 does)."""
+    XCFGSET: such a stream answers XINFO STREAM exactly as redis 7.0 does).
 
-    __slots__ = ("duration_s", "maxsize", "iids_added", "iids_duplicates", "producers", "order")
+    producers: pid -> OrderedDict(iid key -> (StreamID, added_ms)), oldest
+    first. queue: (added_ms, pid, iid key) in the order pairs were recorded,
+    so in time order (the replicated time never runs backwards); expiry pops
+    its head. A pair evicted by maxsize leaves its queue item behind: an item
+    counts only while its pair is recorded with the same added_ms (`_live`),
+    and the queue is rebuilt when stale items outnumber live ones (so it holds
+    at most about twice the live pairs). Eviction is then two dict operations
+    per added id, which runs per entry on every replica."""
+
+    __slots__ = ("duration_s", "maxsize", "iids_added", "iids_duplicates", "producers", "queue", "tracked")
 
     def __init__(self, duration_s: int = DEFAULT_DURATION_S, maxsize: int = DEFAULT_MAXSIZE):
         self.duration_s = duration_s      # Invariant: 1 <= duration_s <= MAX_DURATION_S
         self.maxsize = maxsize            # Invariant: 1 <= maxsize <= MAX_MAXSIZE
         self.iids_added = 0               # lifetime: ids recorded (not reset by XCFGSET)
         self.iids_duplicates = 0          # lifetime: duplicates answered
-        # pid -> OrderedDict(iid key -> StreamID), oldest first.
         # Invariant: no producer's dict is empty; each holds at most maxsize ids.
         self.producers: dict = {}
-        # (pid, iid key) -> added_ms, in insertion order (so in time order: the
-        # replicated time never runs backwards). Invariant: exactly the pairs
-        # of `producers`.
-        self.order: OrderedDict = OrderedDict()
+        # Invariant: every recorded pair has a live item here.
+        self.queue: deque = deque()
+        self.tracked = 0                  # Invariant: the pairs in `producers`, all producers together
 
-    @property
-    def tracked(self) -> int:
-        return len(self.order)
+    def _live(self, item) -> bool:
+        added_ms, pid, iid = item
+        ids = self.producers.get(pid)
+        if ids is None:
+            return False
+        value = ids.get(iid)
+        return value is not None and value[1] == added_ms
+
+    def _drop(self, item) -> None:
+        """Forget the pair of a live queue item."""
+        _, pid, iid = item
+        ids = self.producers[pid]
+        del ids[iid]
+        self.tracked -= 1
+        if not ids:
+            del self.producers[pid]
 
     def expire(self, now_ms: int) -> None:
         """Forget every pair older than the duration (added_ms + duration < now)."""
         horizon = now_ms - self.duration_s * 1000
-        order = self.order
-        while order:
-            (pid, iid), added_ms = next(iter(order.items()))
-            if added_ms >= horizon:
-                break
-            self._forget(pid, iid)
-
-    def _forget(self, pid: bytes, iid: bytes) -> None:
-        del self.order[(pid, iid)]
-        ids = self.producers[pid]
-        del ids[iid]
-        if not ids:
-            del self.producers[pid]
+        queue = self.queue
+        while queue and queue[0][0] < horizon:
+            item = queue.popleft()
+            if self._live(item):
+                self._drop(item)
 
     def lookup(self, pid: bytes, iid: bytes):
         """The StreamID recorded for (pid, iid), or None."""
         ids = self.producers.get(pid)
-        return None if ids is None else ids.get(iid)
+        if ids is None:
+            return None
+        value = ids.get(iid)
+        return None if value is None else value[0]
 
     def record(self, pid: bytes, iid: bytes, sid: StreamID, now_ms: int) -> None:
-        """Remember that (pid, iid) added `sid` at now_ms; evict the producer's
-        oldest beyond maxsize and the stream's oldest beyond MAX_TRACKED_IIDS."""
+        """Remember that (pid, iid) added `sid` at now_ms (a pair lookup did not
+        find); evict the producer's oldest beyond maxsize and the stream's
+        oldest beyond MAX_TRACKED_IIDS."""
         ids = self.producers.get(pid)
         if ids is None:
             ids = self.producers[pid] = OrderedDict()
-        ids[iid] = sid
-        self.order[(pid, iid)] = now_ms
+        ids[iid] = (sid, now_ms)
+        self.queue.append((now_ms, pid, iid))
+        self.tracked += 1
         self.iids_added += 1
-        while len(ids) > self.maxsize:
-            self._forget(pid, next(iter(ids)))
-        while len(self.order) > MAX_TRACKED_IIDS:
-            self._forget(*next(iter(self.order)))
+        if len(ids) > self.maxsize:
+            del ids[next(iter(ids))]          # its queue item goes stale
+            self.tracked -= 1
+        if self.tracked > MAX_TRACKED_IIDS:
+            queue = self.queue
+            while self.tracked > MAX_TRACKED_IIDS:
+                item = queue.popleft()
+                if self._live(item):
+                    self._drop(item)
+        if len(self.queue) > 2 * self.tracked + 4096:
+            self.queue = deque(item for item in self.queue if self._live(item))
 
     def configure(self, duration_s, maxsize) -> None:
         """XCFGSET: a changed value clears every producer's history (the
@@ -147,22 +171,40 @@ class IdmpState:
             return
         self.duration_s, self.maxsize = new_duration, new_maxsize
         self.producers = {}
-        self.order = OrderedDict()
+        self.queue = deque()
+        self.tracked = 0
 
     def info_fields(self) -> dict:
         """The XINFO STREAM fields, in redis 8.6's order."""
         return {b"idmp-duration": self.duration_s,
                 b"idmp-maxsize": self.maxsize,
                 b"pids-tracked": len(self.producers),
-                b"iids-tracked": len(self.order),
+                b"iids-tracked": self.tracked,
                 b"iids-added": self.iids_added,
                 b"iids-duplicates": self.iids_duplicates}
 
     def pairs(self):
-        """(pid, iid key, StreamID, added_ms) oldest first: what the snapshot keeps."""
-        producers = self.producers
-        for (pid, iid), added_ms in self.order.items():
-            yield pid, iid, producers[pid][iid], added_ms
+        """(pid, iid key, StreamID, added_ms) oldest first, each pair once: what
+        the snapshot keeps (a pair evicted and recorded again in the same ms
+        has two live-looking items)."""
+        seen = set()
+        for item in self.queue:
+            added_ms, pid, iid = item
+            if self._live(item) and (pid, iid) not in seen:
+                seen.add((pid, iid))
+                yield pid, iid, self.producers[pid][iid][0], added_ms
+
+    def load_pair(self, pid: bytes, iid: bytes, sid: StreamID, added_ms: int) -> bool:
+        """Put back one pair of pairs() (stream_codec); False if it is there already."""
+        ids = self.producers.get(pid)
+        if ids is None:
+            ids = self.producers[pid] = OrderedDict()
+        if iid in ids:
+            return False
+        ids[iid] = (sid, added_ms)
+        self.queue.append((added_ms, pid, iid))
+        self.tracked += 1
+        return True
 
 
 def idmp_of(stream, create: bool):

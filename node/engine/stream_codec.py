@@ -4,11 +4,12 @@ All integers are big-endian. The whole record:
 
     +---------+---------+------------------+----------------------+-------------+
     | "XSTR"  | version |  entries_len u32 | entries (entries_len)| groups ...  |
-    | 4 bytes | u8 = 2  |                  | Stream.dump_entries()|             |
+    | 4 bytes | u8 = 3  |                  | Stream.dump_entries()|             |
     +---------+---------+------------------+----------------------+-------------+
-    ... | idmp (version 2 only) | crc32 u32 |   zlib.crc32 of every byte before it
+    ... | idmp (version >= 2) | retention u8 (version >= 3) | crc32 u32 |  zlib.crc32 of all before it
 
-    Version 1 (before IDMP) has no idmp section and still loads (idmp None).
+    Version 1 (before IDMP) has neither and version 2 no retention byte; both
+    still load (idmp None, retention None). retention: 0 none, 1 ACKED (refs.py).
 
     groups:
     +----------------+-------------------------------------------------------+
@@ -60,8 +61,6 @@ is checked before any of it is parsed.
 import struct
 import zlib
 
-from collections import OrderedDict
-
 from . import groups as g
 from . import idmp as im
 from .rax import Rax
@@ -69,7 +68,8 @@ from .stream import Stream
 from .streamid import StreamID
 
 MAGIC = b"XSTR"
-VERSION = 2                     # 2: the idmp section; 1 still loads
+VERSION = 3                     # 2: the idmp section; 3: the retention byte; 1 and 2 still load
+_RETENTIONS = (None, "acked")   # the retention byte's values (refs.RETENTION_ACKED)
 NO_GROUPS = 0xFFFFFFFF          # ngroups value: cgroups is None
 
 # Limits on what a snapshot may hold (a bigger count is corruption, not data).
@@ -108,6 +108,7 @@ def dump_stream(stream) -> bytes:
         for name, group in stream.cgroups.items():
             _dump_group(out, name, group)
     _dump_idmp(out, stream.idmp)
+    out.append(bytes((_RETENTIONS.index(stream.retention),)))
     body = b"".join(out)
     return body + _U32.pack(zlib.crc32(body))
 
@@ -195,7 +196,7 @@ def load_stream(buf) -> Stream:
     if zlib.crc32(buf[:body_end]) != _U32.unpack(buf[body_end:])[0]:
         raise CorruptStreamState("stream snapshot checksum mismatch")
     magic, version, entries_len = _HEADER.unpack_from(buf, 0)
-    if magic != MAGIC or version not in (1, VERSION):
+    if magic != MAGIC or version not in (1, 2, VERSION):
         raise CorruptStreamState("not a stream snapshot (magic/version)")
     reader = _Reader(buf, _HEADER.size, body_end)
     entries = reader.take(entries_len)
@@ -220,6 +221,11 @@ def load_stream(buf) -> Stream:
             stream.cgroups.insert(name, _load_group(reader, stream))
     if version >= 2:
         stream.idmp = _load_idmp(reader)
+    if version >= 3:
+        code = reader.take(1)[0]
+        if code >= len(_RETENTIONS):
+            raise CorruptStreamState("stream snapshot: unknown retention %d" % code)
+        stream.retention = _RETENTIONS[code]
     if reader.pos != reader.end:
         raise CorruptStreamState("stream snapshot: trailing bytes")
     g.check_groups(stream)
@@ -248,15 +254,10 @@ def _load_idmp(reader: _Reader):
         if prev_ms is not None and added_ms < prev_ms:
             raise CorruptStreamState("stream snapshot: idmp pairs out of time order")
         prev_ms = added_ms
-        ids = state.producers.get(pid)
-        if ids is None:
-            ids = state.producers[pid] = OrderedDict()
-        if iid in ids:
-            raise CorruptStreamState("stream snapshot: idmp pair twice")
-        if len(ids) >= maxsize:
+        if len(state.producers.get(pid, ())) >= maxsize:
             raise CorruptStreamState("stream snapshot: idmp producer over maxsize")
-        ids[iid] = StreamID(ms, seq)
-        state.order[(pid, iid)] = added_ms
+        if not state.load_pair(pid, iid, StreamID(ms, seq), added_ms):
+            raise CorruptStreamState("stream snapshot: idmp pair twice")
     return state
 
 

@@ -602,11 +602,15 @@ def _decode_xadd_batch(data: bytes, pos: int, end: int, n: int):
     lens_struct = _lens_struct
     max_pairs = MAX_ARGC // 2
     for _ in range(n):
-        if iids is not None:
-            iid, pos = _decode_sized(data, pos, end, 0, "IDMP iid")
-            iids.append(iid or None)
-            if end - pos < 1 or data[pos] != _ID_AUTO:
-                raise CorruptEntry("XADD batch IDMP entry without an auto ID")
+        if iids is not None:                # | ilen u32 | iid |, then an AUTO ID (_decode_sized inlined)
+            if end - pos < 5:
+                raise CorruptEntry("XADD batch IDMP iid runs past the end")
+            ilen = unpack_u32(data, pos)[0]
+            pos += 4
+            if ilen > MAX_ARG_BYTES or ilen >= end - pos or data[pos + ilen] != _ID_AUTO:
+                raise CorruptEntry("XADD batch IDMP iid of %d bytes out of bounds or without an auto ID" % ilen)
+            iids.append(data[pos:pos + ilen] if ilen else None)
+            pos += ilen
         if end - pos < _MIN_XENTRY:
             raise CorruptEntry("XADD batch entry runs past the end")
         kind = data[pos]

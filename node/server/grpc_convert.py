@@ -110,16 +110,16 @@ def xadd_batch(r: pb.XAddRequest):
         if not fields:
             without.append(i)
             continue
-        if iids is not None:
-            if e.WhichOneof("id") is not None:
-                raise ArgumentError("ERR IDMP/IDMPAUTO can be used only with auto-generated IDs")
-            iids.append(e.idempotent_id or None)
         flat = []
         put = flat.append
         for f in fields:
             put(f.name)
             put(f.value)
         kind = e.WhichOneof("id")
+        if iids is not None:
+            if kind is not None:
+                raise ArgumentError("ERR IDMP/IDMPAUTO can be used only with auto-generated IDs")
+            iids.append(e.idempotent_id or None)
         if kind is None:
             add((IdKind.AUTO, 0, 0, flat))
         elif kind == "auto_seq_ms":

@@ -273,12 +273,22 @@ def test_version_1_snapshot_still_loads():
     db = Keyspace()
     call(db, "XADD", "s", "*", "f", "v")
     call(db, "XGROUP", "CREATE", "s", "g", "0")
-    v2 = dump_stream(db.get(b"s"))
-    body = bytearray(v2[:-4 - 1])          # drop the idmp section (b"\0": none) and the CRC
+    v3 = dump_stream(db.get(b"s"))
+    body = bytearray(v3[:-4 - 2])          # drop the idmp section (b"\0": none), retention and the CRC
     body[4] = 1
     v1 = bytes(body) + struct.pack(">I", zlib.crc32(bytes(body)))
     loaded = load_stream(v1)
-    assert loaded.idmp is None and dump_stream(loaded) == v2
+    assert loaded.idmp is None and dump_stream(loaded) == v3
+
+
+def test_version_2_snapshot_still_loads():
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "p", "r", "*", "f", "v")
+    v3 = dump_stream(db.get(b"s"))
+    body = bytearray(v3[:-4 - 1])          # drop the retention byte and the CRC
+    body[4] = 2
+    loaded = load_stream(bytes(body) + struct.pack(">I", zlib.crc32(bytes(body))))
+    assert loaded.retention is None and dump_stream(loaded) == v3
 
 
 def _refit(body: bytes) -> bytes:
@@ -290,7 +300,7 @@ def test_corrupt_idmp_sections_rejected():
     call(db, "XADD", "s", "IDMP", "p1", "r1", "*", "f", "v", now_ms=1000)
     call(db, "XADD", "s", "IDMP", "p1", "r2", "*", "f", "v", now_ms=2000)
     buf = dump_stream(db.get(b"s"))
-    body = buf[:-4]
+    body, retention = buf[:-5], buf[-5:-4]        # the idmp section ends before the retention byte
     pair = 4 + 2 + 16 + 16 + 8
     head = len(body) - 2 * pair - struct.calcsize(">IIQQI") - 1
     assert body[head] == 1
@@ -306,9 +316,27 @@ def test_corrupt_idmp_sections_rejected():
         body[:-2 * pair] + body[-pair:] + body[-2 * pair:-pair],                     # out of time order
         body[:-2 * pair] + struct.pack(">I", 0) + body[-2 * pair + 4:-pair],         # empty producer
     ]
-    for bad in cases:
+    cases.append(body + b"\x02")                                                 # unknown retention
+    for bad in cases[:-1]:
         with pytest.raises(CorruptStreamState):
-            load_stream(_refit(bad))
+            load_stream(_refit(bad + retention))
+    with pytest.raises(CorruptStreamState):
+        load_stream(_refit(cases[-1]))
     for n in range(head, len(buf)):
         with pytest.raises(CorruptStreamState):
             load_stream(buf[:n])
+
+
+def test_evicted_pairs_leave_a_bounded_queue_and_snapshot_once():
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "p", "first", "*", "f", "v", now_ms=1000)
+    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "1")
+    for i in range(10_000):                        # each one evicts the one before it
+        call(db, "XADD", "s", "IDMP", "p", "r%d" % (i % 3), "*", "f", "v", now_ms=1000)
+    st = db.get(b"s").idmp
+    assert st.tracked == 1 and len(st.queue) <= 2 * st.tracked + 4096
+    # r0 was evicted and recorded again within the same ms: one pair in the snapshot
+    pairs = list(st.pairs())
+    assert len(pairs) == 1
+    loaded = load_stream(dump_stream(db.get(b"s")))
+    assert list(loaded.idmp.pairs()) == pairs
