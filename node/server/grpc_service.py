@@ -662,6 +662,22 @@ class XRaftService(pb_grpc.XRaftServicer):
             return self._admin.rebalance_plan()
         return await self._handle(request, context, body)
 
+    async def GetSlotMap(self, request, context):
+        if self._admin is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no slot map")
+
+        async def body(call):
+            return self._admin.get_slot_map()
+        return await self._handle(request, context, body)
+
+    async def ProposeMapChange(self, request, context):
+        if self._admin is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no metadata group")
+
+        async def body(call):
+            return await self._admin.propose_map_change(request, call.remaining())
+        return await self._handle(request, context, body)
+
     # -- streaming (grpc_streams.py) ----------------------------------------------------------
 
     # Async generator functions taking (service, request, context): as class

@@ -1,0 +1,203 @@
+"""The move reconciler: on the metadata group's leader, drive every slot move of the map.
+
+The intent lives in the map (a Migration and its phase), so the reconciler keeps no state of
+its own that matters: a new metadata leader (or this one after a restart) reads the map and
+goes on. For each migration, one step per round:
+
+    phase      data-group work (MoveSteps, idempotent)        then propose (AdvanceMove)
+    SEALING    steps.seal(m)                                  Sealed
+    COPYING    steps.copy(m) -> progress; until it is done    Copied(cursor, n) when n grew
+               then steps.verify(m) -> digest                 Verified(digest)
+    VERIFIED   -                                              Decide   (the point of no return)
+    DECIDED    steps.activate(m); steps.release(m)            Released
+    RELEASED   steps.activate(m) (B live: idempotent check)   Finish
+    ABORTED    steps.abort(m) (A unseals, B drops staging)    Finish
+
+Every change names the epoch of the map it was planned on (compare-and-set). A refusal is
+normal: StaleEpoch whose effect is already in the map (changes.already_applied: a re-sent or
+duplicated step) counts as done; any other refusal means the map moved on, and the next round
+plans from the new map. A proposal whose outcome is unknown is the same: the next round reads
+the map. A move that has not reached DECIDED within move_timeout_s of this leader first seeing
+it is aborted (Abort("timeout"); refused if the decision committed meanwhile). The clock
+restarts with each new leader: a timeout aborts later, never wrongly.
+
+The reconciler stops acting the moment the node stops leading group 0 (each round checks),
+and a data step that fails (a group without a leader, an RPC error) is retried next round
+after RETRY_S; steps never assume the previous round's work happened.
+
+Failpoints (tests): XRAFT_FAILPOINTS="name,name" kills this process with SIGKILL when the
+reconciler reaches `move.<phase>.step` (before the data step of that phase) or
+`move.<phase>.propose` (data step done, change not yet proposed). No sleeps: the test waits
+for the process to die.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from ..cluster.changes import AdvanceMove, StaleEpoch, already_applied
+from ..cluster.meta_machine import MetaApplied, MetaRefused
+from ..cluster.slot_map import BEFORE_DECISION, Migration, MovePhase, SlotMap
+from ..cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Released, Sealed, Verified
+
+log = logging.getLogger("xraft.reconciler")
+
+FAILPOINTS_ENV = "XRAFT_FAILPOINTS"
+MOVE_TIMEOUT_S = 60.0       # before DECIDED; then Abort("timeout")
+PROPOSE_TIMEOUT_S = 5.0
+IDLE_WAIT_S = 0.5           # no move, or not the leader: look again after this (or on a new map)
+RETRY_S = 0.2               # after a failed step
+
+
+@dataclass(frozen=True)
+class CopyProgress:
+    cursor: bytes           # where the next chunk starts (the map records it)
+    replicated: int         # chunks the target has replicated so far (only grows)
+    done: bool              # nothing left to copy: verify next
+
+
+class MoveSteps(Protocol):
+    """The data-group side of a move (slot_move_steps.py). Every method is idempotent and
+    takes the migration as the map holds it; raising means "not done, try again"."""
+
+    async def seal(self, m: Migration) -> None: ...
+    async def copy(self, m: Migration) -> CopyProgress: ...
+    async def verify(self, m: Migration) -> bytes: ...
+    async def activate(self, m: Migration) -> None: ...
+    async def release(self, m: Migration) -> None: ...
+    async def abort(self, m: Migration) -> None: ...
+
+
+class MetaApi(Protocol):
+    """What the reconciler needs of the metadata group (meta_group.MetaGroup)."""
+
+    @property
+    def slot_map(self) -> SlotMap: ...
+    def is_leader(self) -> bool: ...
+    async def propose(self, change, timeout: float): ...
+    async def wait_change(self, timeout: float) -> None: ...
+
+
+def move_steps_factory(node) -> Optional[MoveSteps]:
+    """The node's MoveSteps, or None where the data side of moves is not built into this
+    xraft (then nothing drives moves: an operator's BeginMove stays until aborted)."""
+    try:
+        from . import slot_move_steps
+    except ImportError:
+        return None
+    return slot_move_steps.MoveSteps.for_node(node)
+
+
+def failpoint(name: str) -> None:
+    names = os.environ.get(FAILPOINTS_ENV, "")
+    if names and name in names.split(","):
+        log.warning("failpoint %s: SIGKILL", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class MoveReconciler:
+    def __init__(self, meta: MetaApi, steps: MoveSteps, *, move_timeout_s: float = MOVE_TIMEOUT_S,
+                 clock=time.monotonic):
+        self.meta = meta
+        self.steps = steps
+        self.move_timeout_s = move_timeout_s
+        self._clock = clock
+        self._first_seen: dict[tuple, float] = {}   # (first, last, started_epoch) -> clock
+        self.rounds = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                busy = await self.round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a step failed: the map says where to resume
+                log.info("slot move step failed (%r); retrying", exc)
+                await asyncio.sleep(RETRY_S)
+                continue
+            if not busy:
+                await self.meta.wait_change(IDLE_WAIT_S)
+
+    async def round(self) -> bool:
+        """One step of every migration in the map. False when there was nothing to do."""
+        self.rounds += 1
+        if not self.meta.is_leader():
+            self._first_seen.clear()
+            return False
+        m = self.meta.slot_map
+        if not m.migrations:
+            self._first_seen.clear()
+            return False
+        live = set()
+        for mig in list(m.migrations.values()):
+            if not self.meta.is_leader():
+                return False
+            live.add(self._id(mig))
+            await self.step(self.meta.slot_map.migrations.get(mig.key, mig))
+        for k in list(self._first_seen):
+            if k not in live:
+                del self._first_seen[k]
+        return True
+
+    @staticmethod
+    def _id(mig: Migration) -> tuple:
+        return (mig.first, mig.last, mig.started_epoch)
+
+    async def step(self, mig: Migration) -> None:
+        """Advance `mig` by one phase (module doc)."""
+        now = self._clock()
+        seen = self._first_seen.setdefault(self._id(mig), now)
+        phase = mig.phase
+        if phase in BEFORE_DECISION and now - seen > self.move_timeout_s:
+            await self._propose(mig, Abort("timeout"))
+            return
+        name = "move.%s" % phase.value
+        failpoint(name + ".step")
+        if phase == MovePhase.SEALING:
+            await self.steps.seal(mig)
+            event = Sealed()
+        elif phase == MovePhase.COPYING:
+            progress = await self.steps.copy(mig)
+            if progress.done:
+                event = Verified(bytes(await self.steps.verify(mig)))
+            elif progress.replicated > mig.replicated:
+                event = Copied(bytes(progress.cursor), progress.replicated)
+            else:
+                return                              # no new chunk yet: next round
+        elif phase == MovePhase.VERIFIED:
+            event = Decide()
+        elif phase == MovePhase.DECIDED:
+            await self.steps.activate(mig)
+            await self.steps.release(mig)
+            event = Released()
+        elif phase == MovePhase.RELEASED:
+            await self.steps.activate(mig)
+            event = Finish()
+        else:
+            await self.steps.abort(mig)
+            event = Finish()
+        failpoint(name + ".propose")
+        await self._propose(mig, event)
+
+    async def _propose(self, mig: Migration, event) -> bool:
+        """Propose one step; True when its effect is in the map."""
+        m = self.meta.slot_map
+        change = AdvanceMove(m.epoch, mig.first, mig.last, mig.started_epoch, mig.target, event)
+        result = await self.meta.propose(change, PROPOSE_TIMEOUT_S)
+        if isinstance(result, MetaApplied):
+            log.info("slots %d-%d -> group %d: %s (epoch %d)", mig.first, mig.last, mig.target,
+                     event.kind, result.slot_map.epoch)
+            return True
+        if isinstance(result, MetaRefused):
+            err = result.error
+            if isinstance(err, StaleEpoch):
+                return already_applied(self.meta.slot_map, change)
+            if isinstance(err, MoveError) and err.already_applied:
+                return True
+            log.info("slots %d-%d: %s refused: %s", mig.first, mig.last, event.kind, err)
+        return False
