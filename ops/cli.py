@@ -7,6 +7,7 @@
     xraftctl status       --seed HOST:PORT [--json] [--token-file F] [--tls-ca F --tls-cert F --tls-key F]
     xraftctl leader transfer --seed HOST:PORT --group G --to NODE [--json]
     xraftctl rebalance    --seed HOST:PORT --dry-run [--json]
+    xraftctl slots move   --seed HOST:PORT --slots FIRST-LAST --to-group G [--json] (ops/slots_cli.py)
 
 `local ...` manages processes on this machine; `status` (and every command to
 come that takes --seed) talks to any running cluster through the SDK.
@@ -23,7 +24,7 @@ import time
 
 import click
 
-from . import cluster_admin, cluster_status
+from . import cluster_admin, cluster_status, slots_cli
 from . import local_cluster as lc
 
 
@@ -191,10 +192,12 @@ def cluster_status_command(conn, as_json):
     Exits 1 if no node answers, or if the seed runs an xraft without sharding
     (it has no ClusterLayout to show)."""
     layout = _run(cluster_status.fetch_layout, conn)
+    moves = slots_cli.migrations_of(conn)
     if as_json:
-        click.echo(json.dumps(layout.to_json(), indent=2))
+        click.echo(json.dumps({**layout.to_json(), "migrations": moves}, indent=2))
     else:
         click.echo(cluster_status.table(layout))
+        click.echo(slots_cli.migrations_text(moves))
 
 
 @main.group()
@@ -235,6 +238,9 @@ def rebalance(conn, dry_run, as_json):
         raise click.ClickException(cluster_admin.NOT_BUILT)
     plan = _run(cluster_admin.rebalance_plan, conn)
     click.echo(json.dumps(plan, indent=2) if as_json else cluster_admin.plan_text(plan))
+
+
+slots_cli.register(main, seed_options, _run)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,13 @@ slot map (snapshot every 3 entries, so restarts go through its snapshot and its 
     machine does not allow is refused as "move"; bytes that are not a change as "invalid";
   * the map survives a clean restart of every node and a kill -9 of group 0's leader;
   * Abort then Finish (what the reconciler does on a timeout) unfreezes the slots.
+  * `xraftctl slots move` begins a move, `xraftctl status --json` lists it, and the CLI
+    reports the abort (exit 1, the reason, the owner unchanged).
 Nothing drives the move here: this checks the map side only."""
 import json
 import signal
+import subprocess
+import sys
 
 import pytest
 import redis
@@ -152,3 +156,44 @@ def test_move_map_changes_reach_every_node_and_survive_restarts(meta_cluster):
         assert rc.xlen(frozen_key) == 1
     finally:
         rc.close()
+
+
+def _ctl(cluster, *args, **kw):
+    cmd = [sys.executable, "-m", "xraft.ops", *args, "--seed", cluster.nodes[1].grpc, "--timeout", "10"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_slots_move_cli_begins_watches_and_reports_an_abort(meta_cluster):
+    cluster = meta_cluster
+    seeds = [n.grpc for n in cluster.nodes.values()]
+    first, last = 300, 310
+    with sync.Client(seeds, timeout=20) as c:
+        m = json.loads(c.get_slot_map().slot_map)
+        target = owner = next(g for a, b, g in m["slots"] if a <= first <= b)
+        target = owner % GROUPS + 1
+        bad = _ctl(cluster, "slots", "move", "--slots", "310-300", "--to-group", str(target))
+        assert bad.wait(60) == 1 and "FIRST <= LAST" in bad.communicate()[1]
+        cli = _ctl(cluster, "slots", "move", "--slots", f"{first}-{last}", "--to-group", str(target), "--json")
+        mig = wait_until(lambda: json.loads(c.get_slot_map().slot_map).get("migrations"), 60, "the CLI's BeginMove")
+        assert mig[0]["first"] == first and mig[0]["target"] == target and mig[0]["phase"] == "sealing"
+        status = _ctl(cluster, "status", "--json")
+        out, err = status.communicate(timeout=60)
+        assert status.returncode == 0, err
+        assert [(s["first"], s["last"], s["phase"]) for s in json.loads(out)["migrations"]] == [(first, last, "sealing")]
+        started = mig[0]["started_epoch"]
+        epoch = json.loads(c.get_slot_map().slot_map)["epoch"]
+        for event in ({"kind": "abort", "reason": "operator"}, {"kind": "finish"}):
+            r = c.propose_map_change(_change({"kind": "advance_move", "expect_epoch": epoch, "first": first,
+                                              "last": last, "started_epoch": started, "target": target,
+                                              "event": event}))
+            assert r.applied, r.refused
+            epoch += 1
+    try:
+        out, err = cli.communicate(timeout=60)
+    finally:
+        cli.kill()
+    assert cli.returncode == 1, err
+    result = json.loads(out)
+    assert result["result"] == "aborted" and result["reason"] == "operator" and result["owner"] == owner
+    assert result["from_group"] == owner and result["to_group"] == target and result["epoch"] == epoch
+    assert [p["phase"] for p in result["phases"]][-1] == "finished"
