@@ -4,14 +4,20 @@ The intent lives in the map (a Migration and its phase), so the reconciler keeps
 its own that matters: a new metadata leader (or this one after a restart) reads the map and
 goes on. For each migration, one step per round:
 
-    phase      data-group work (MoveSteps, idempotent)        then propose (AdvanceMove)
-    SEALING    steps.seal(m)                                  Sealed
-    COPYING    steps.copy(m) -> progress; until it is done    Copied(cursor, n) when n grew
-               then steps.verify(m) -> digest                 Verified(digest)
+    phase      data-group work (MoveSteps, idempotent;        then propose (AdvanceMove)
+               docs/slot-move-steps.md)
+    SEALING    seal at A                                      Sealed
+    COPYING    the map's cursor is not END: copy A -> B       Copied(END, replicated + chunks)
+               (resumes from B's replicated cursor)
+               the map's cursor is END: verify -> digest      Verified(digest)
     VERIFIED   -                                              Decide   (the point of no return)
-    DECIDED    steps.activate(m); steps.release(m)            Released
-    RELEASED   steps.activate(m) (B live: idempotent check)   Finish
-    ABORTED    steps.abort(m) (A unseals, B drops staging)    Finish
+    DECIDED    activate at B (the verified digest);           Released
+               release at A
+    RELEASED   activate at B again (B live: idempotent)       Finish
+    ABORTED    abort: UNSEAL at A, DROP_STAGING at B          Finish
+
+The map records the copy once, when it is complete (B's own replicated cursor is what a
+resumed copy starts from, so per-chunk map writes would only cost metadata entries).
 
 Every change names the epoch of the map it was planned on (compare-and-set). A refusal is
 normal: StaleEpoch whose effect is already in the map (changes.already_applied: a re-sent or
@@ -37,7 +43,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from ..cluster.changes import AdvanceMove, StaleEpoch, already_applied
@@ -54,23 +59,23 @@ IDLE_WAIT_S = 0.5           # no move, or not the leader: look again after this 
 RETRY_S = 0.2               # after a failed step
 
 
-@dataclass(frozen=True)
-class CopyProgress:
-    cursor: bytes           # where the next chunk starts (the map records it)
-    replicated: int         # chunks the target has replicated so far (only grows)
-    done: bool              # nothing left to copy: verify next
+COPY_END = b"\xff" * 6     # the copy cursor once everything is staged (docs/slot-move-steps.md)
 
 
 class MoveSteps(Protocol):
-    """The data-group side of a move (slot_move_steps.py). Every method is idempotent and
-    takes the migration as the map holds it; raising means "not done, try again"."""
+    """The data-group side of a move (slot_move_steps.py, docs/slot-move-steps.md). Every
+    method is idempotent; raising means "not done, try again"."""
 
-    async def seal(self, m: Migration) -> None: ...
-    async def copy(self, m: Migration) -> CopyProgress: ...
-    async def verify(self, m: Migration) -> bytes: ...
-    async def activate(self, m: Migration) -> None: ...
-    async def release(self, m: Migration) -> None: ...
-    async def abort(self, m: Migration) -> None: ...
+    async def seal(self, source_group: int, first: int, last: int, started_epoch: int) -> None: ...
+    async def copy(self, source_group: int, target_group: int, first: int, last: int, started_epoch: int,
+                   cursor: Optional[bytes] = None, progress=None) -> tuple: ...
+    async def verify(self, source_group: int, target_group: int, first: int, last: int,
+                     started_epoch: int) -> bytes: ...
+    async def activate(self, target_group: int, first: int, last: int, started_epoch: int,
+                       digest: bytes) -> None: ...
+    async def release(self, source_group: int, first: int, last: int, started_epoch: int) -> None: ...
+    async def abort(self, source_group: int, target_group: int, first: int, last: int,
+                    started_epoch: int) -> None: ...
 
 
 class MetaApi(Protocol):
@@ -90,7 +95,8 @@ def move_steps_factory(node) -> Optional[MoveSteps]:
         from . import slot_move_steps
     except ImportError:
         return None
-    return slot_move_steps.MoveSteps.for_node(node)
+    grpc_of_node = {nid: a.grpc for nid, a in node.cfg.addresses().items()}
+    return slot_move_steps.MoveSteps(node.backend, grpc_of_node, token=node.token, tls=node.tls)
 
 
 def failpoint(name: str) -> None:
@@ -158,28 +164,31 @@ class MoveReconciler:
             return
         name = "move.%s" % phase.value
         failpoint(name + ".step")
+        st, a, b, run = self.steps, mig.source, mig.target, (mig.first, mig.last, mig.started_epoch)
         if phase == MovePhase.SEALING:
-            await self.steps.seal(mig)
+            await st.seal(a, *run)
             event = Sealed()
+        elif phase == MovePhase.COPYING and mig.cursor != COPY_END:
+            chunks = 0
+
+            def progress(_cursor, _keys):
+                nonlocal chunks
+                chunks += 1
+            cursor, _keys = await st.copy(a, b, *run, cursor=mig.cursor or None, progress=progress)
+            event = Copied(bytes(cursor), mig.replicated + max(1, chunks))
         elif phase == MovePhase.COPYING:
-            progress = await self.steps.copy(mig)
-            if progress.done:
-                event = Verified(bytes(await self.steps.verify(mig)))
-            elif progress.replicated > mig.replicated:
-                event = Copied(bytes(progress.cursor), progress.replicated)
-            else:
-                return                              # no new chunk yet: next round
+            event = Verified(bytes(await st.verify(a, b, *run)))
         elif phase == MovePhase.VERIFIED:
             event = Decide()
         elif phase == MovePhase.DECIDED:
-            await self.steps.activate(mig)
-            await self.steps.release(mig)
+            await st.activate(b, *run, mig.digest)
+            await st.release(a, *run)
             event = Released()
         elif phase == MovePhase.RELEASED:
-            await self.steps.activate(mig)
+            await st.activate(b, *run, mig.digest)
             event = Finish()
         else:
-            await self.steps.abort(mig)
+            await st.abort(a, b, *run)
             event = Finish()
         failpoint(name + ".propose")
         await self._propose(mig, event)
