@@ -13,9 +13,10 @@ Every node, `--groups 1` included, runs one: the map's epoch and its migrations 
 from it everywhere (a one-group cluster can have no move, its map changes only by operator
 changes such as AddNode).
 
-open() returns once the entries committed before the restart are applied again, so the
-node starts routing with the newest map it had (not the founding one) and never routes
-backwards. Listeners hear every later map, on the loop thread (MetaMachine.add_listener).
+open() returns once the entries its disk holds as committed are applied again, so the node
+starts routing with the newest map its disk knows to be committed, not the founding one (a
+commit index saved without fsync, raft_driver.py, is re-learned from the leader a moment
+later). Listeners hear every later map, on the loop thread (MetaMachine.add_listener).
 """
 from __future__ import annotations
 
