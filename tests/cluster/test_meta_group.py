@@ -9,8 +9,10 @@ slot map (snapshot every 3 entries, so restarts go through its snapshot and its 
     machine does not allow is refused as "move"; bytes that are not a change as "invalid";
   * the map survives a clean restart of every node and a kill -9 of group 0's leader;
   * Abort then Finish (what the reconciler does on a timeout) unfreezes the slots.
-  * `xraftctl slots move` begins a move, `xraftctl status --json` lists it, and the CLI
-    reports the abort (exit 1, the reason, the owner unchanged).
+  * `xraftctl slots move` begins a move, `xraftctl status --json` lists it, a second CLI for
+    the same slots watches that move (not a new one), and the CLI reports the abort (exit 1,
+    the owner unchanged);
+  * `xraftctl rebalance` applies a preferred-leader change and the leader balancers follow.
 Nothing drives the move here: this checks the map side only."""
 import json
 import signal
@@ -188,12 +190,50 @@ def test_slots_move_cli_begins_watches_and_reports_an_abort(meta_cluster):
                                               "event": event}))
             assert r.applied, r.refused
             epoch += 1
+            if event["kind"] == "abort":
+                # a second CLI for the same slots watches the move in the map (not a new one):
+                # aborted, not finished within its --wait
+                wait_until(lambda: _all_at(cluster, epoch), 30, "every node sees the abort")
+                again = _ctl(cluster, "slots", "move", "--slots", f"{first}-{last}", "--to-group", str(target),
+                             "--json", "--wait", "1")
+                out, err = again.communicate(timeout=60)
+                assert again.returncode == 1, err
+                seen = json.loads(out)
+                assert seen["result"] == "timeout" and seen["reason"] == "operator" and seen["epoch"] == epoch
+                assert [p["phase"] for p in seen["phases"]] == ["aborted"]
     try:
         out, err = cli.communicate(timeout=60)
     finally:
         cli.kill()
     assert cli.returncode == 1, err
     result = json.loads(out)
-    assert result["result"] == "aborted" and result["reason"] == "operator" and result["owner"] == owner
+    # (the reason is shown when the CLI polled the map while the move was ABORTED)
+    assert result["result"] == "aborted" and result["reason"] in ("operator", "") and result["owner"] == owner
     assert result["from_group"] == owner and result["to_group"] == target and result["epoch"] == epoch
     assert [p["phase"] for p in result["phases"]][-1] == "finished"
+
+
+def test_rebalance_applies_preferred_leaders_and_the_balancer_follows_the_map(meta_cluster):
+    cluster = meta_cluster
+    seeds = [n.grpc for n in cluster.nodes.values()]
+    with sync.Client(seeds, timeout=20) as c:
+        m = json.loads(c.get_slot_map().slot_map)
+        prefs = {g["id"]: g["preferred_leader"] for g in m["groups"]}
+        assert sorted(prefs.values()) == [1, 2, 3]
+        # unbalance: group 1 prefers the node that group 2 prefers
+        r = c.propose_map_change(_change({"kind": "set_preferred_leader", "expect_epoch": m["epoch"],
+                                          "group_id": 1, "node_id": prefs[2]}))
+        assert r.applied, r.refused
+        wait_until(lambda: _all_at(cluster, r.epoch), 30, "every node on the unbalanced map")
+        ctl = _ctl(cluster, "rebalance", "--json")
+        out, err = ctl.communicate(timeout=120)
+        assert ctl.returncode == 0, err
+        result = json.loads(out)
+        assert result["result"] == "balanced" and [s["kind"] for s in result["steps"]] == ["preferred_leader"]
+        m = json.loads(c.get_slot_map().slot_map)
+        assert sorted(g["preferred_leader"] for g in m["groups"]) == [1, 2, 3] and m["epoch"] == r.epoch + 1
+
+        def settled():
+            layout = c.cluster_layout()
+            return layout.epoch == m["epoch"] and all(g.leader == g.preferred_leader for g in layout.groups)
+        wait_until(settled, 60, "every group led by its preferred node of the new map")
