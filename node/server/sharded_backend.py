@@ -74,6 +74,12 @@ PARK_POLL_S = 0.02               # re-check while parked (a data group's activat
 MAX_PARKED = 10_000              # requests parked at once on this node
 
 
+def _frozen(result) -> bool:
+    """A data group's "slot frozen by a move" result (fsm SlotFrozen, docs/slot-move-steps.md):
+    nothing was applied."""
+    return isinstance(result, EngineError) and result.message.startswith("TRYAGAIN ")
+
+
 class ShardedBackend(Backend):
     def __init__(self, raft_id: int, addresses: dict, slot_map: SlotMap, groups: dict):
         """`groups`: {group id: RaftBackend} of every group this node hosts (attached)."""
@@ -211,8 +217,33 @@ class ShardedBackend(Backend):
             await self._wait_serving(slot)
             b = self._backend_for_slot(slot)
             results = await self._on(b, slot, lambda b: b.submit(requests))
+            if any(_frozen(r) for r in results):
+                results = await self._retry_frozen(slot, requests, results)
             return [self._redirected(r) for r in results]
         return await self._submit_keyless(requests)
+
+    async def _retry_frozen(self, slot: int, requests: tuple, results: list) -> list:
+        """The group's fsm answered "frozen" (its seal applied before this node's map showed
+        the move): those requests changed nothing and are not in the at-most-once table,
+        so they are parked like any request to a moving slot and sent again, wherever the
+        map then says, until PARK_S is spent. What is still frozen then stays -TRYAGAIN."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PARK_S
+        results = list(results)
+        while loop.time() < deadline:
+            frozen = [i for i, r in enumerate(results) if _frozen(r)]
+            if not frozen:
+                break
+            await asyncio.sleep(PARK_POLL_S)       # the seal is there: the map is on its way
+            try:
+                await self._wait_serving(slot)
+                b = self._backend_for_slot(slot)
+            except (EngineError, NotLeader):
+                break                              # parked too long, or now served elsewhere
+            again = await self._on(b, slot, lambda b: b.submit([requests[i] for i in frozen]))
+            for i, r in zip(frozen, again):
+                results[i] = r
+        return results
 
     async def _submit_keyless(self, requests: tuple) -> list:
         targets = self._keyless_targets()

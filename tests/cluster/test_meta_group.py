@@ -109,6 +109,12 @@ def test_move_map_changes_reach_every_node_and_survive_restarts(meta_cluster):
                                     "target": target}]
     for node in cluster.nodes.values():
         assert _cluster_epoch(node) == 2
+        nodes = node.client().execute_command("CLUSTER", "NODES")
+        nodes = nodes.decode() if isinstance(nodes, bytes) else nodes
+        if isinstance(nodes, dict):                  # redis-py parses it: config_epoch per node
+            assert {int(n["config_epoch"]) for n in nodes.values()} == {2}
+        else:
+            assert {line.split(" ")[6] for line in nodes.splitlines()} == {"2"}
     with sync.Client(seeds, timeout=20) as c:
         assert c.cluster_layout().epoch == 2
 

@@ -172,3 +172,19 @@ def test_not_the_leader_does_nothing():
     meta.leader = False
     assert run(MoveReconciler(meta, steps).round()) is False
     assert steps.calls == [] and meta.slot_map.migrations
+
+
+def test_failpoint_kills_the_first_process_only(tmp_path):
+    import os
+    import subprocess
+    import sys
+    code = "from xraft.node.server.move_reconciler import failpoint; failpoint('move.copying.step'); print('alive')"
+    env = dict(os.environ, XRAFT_FAILPOINTS="move.sealing.step,move.copying.step",
+               XRAFT_FAILPOINTS_ONCE=str(tmp_path / "fired"))
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == -9 and (tmp_path / "fired").exists()
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and second.stdout.strip() == "alive"
+    other = dict(env, XRAFT_FAILPOINTS="move.decided.step")
+    third = subprocess.run([sys.executable, "-c", code], env=other, capture_output=True, text=True, timeout=60)
+    assert third.returncode == 0
