@@ -34,8 +34,8 @@ after RETRY_S; steps never assume the previous round's work happened.
 Failpoints (tests): XRAFT_FAILPOINTS="name,name" kills this process with SIGKILL when the
 reconciler reaches `move.<phase>.step` (before the data step of that phase) or
 `move.<phase>.propose` (data step done, change not yet proposed). With XRAFT_FAILPOINTS_ONCE
-set to a path, only the first process to reach it dies (it creates the file), so the next
-metadata leader, started with the same environment, goes on. No sleeps: the test waits for
+set to a directory, each failpoint fires once (the process that creates DIR/<name> dies), so
+the next metadata leader, started with the same environment, goes on. No sleeps: the test waits for
 the process to die.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ from ..cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Releas
 log = logging.getLogger("xraft.reconciler")
 
 FAILPOINTS_ENV = "XRAFT_FAILPOINTS"
-FAILPOINTS_ONCE_ENV = "XRAFT_FAILPOINTS_ONCE"   # a path: only the process that creates it dies
+FAILPOINTS_ONCE_ENV = "XRAFT_FAILPOINTS_ONCE"   # a directory: each failpoint fires once (a file per name)
 MOVE_TIMEOUT_S = 60.0       # before DECIDED; then Abort("timeout")
 PROPOSE_TIMEOUT_S = 5.0
 IDLE_WAIT_S = 0.5           # no move, or not the leader: look again after this (or on a new map)
@@ -108,8 +108,8 @@ def failpoint(name: str) -> None:
         return
     once = os.environ.get(FAILPOINTS_ONCE_ENV)
     if once:
-        try:                # the first process to get here creates the file and dies; later ones go on
-            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        try:                # the first process to get here creates the mark and dies; later ones go on
+            os.close(os.open(os.path.join(once, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return
     log.warning("failpoint %s: SIGKILL", name)

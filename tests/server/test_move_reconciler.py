@@ -180,9 +180,9 @@ def test_failpoint_kills_the_first_process_only(tmp_path):
     import sys
     code = "from xraft.node.server.move_reconciler import failpoint; failpoint('move.copying.step'); print('alive')"
     env = dict(os.environ, XRAFT_FAILPOINTS="move.sealing.step,move.copying.step",
-               XRAFT_FAILPOINTS_ONCE=str(tmp_path / "fired"))
+               XRAFT_FAILPOINTS_ONCE=str(tmp_path))
     first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert first.returncode == -9 and (tmp_path / "fired").exists()
+    assert first.returncode == -9 and (tmp_path / "move.copying.step").exists()
     second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode == 0 and second.stdout.strip() == "alive"
     other = dict(env, XRAFT_FAILPOINTS="move.decided.step")
