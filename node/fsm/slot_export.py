@@ -68,9 +68,21 @@ def session_table(sm) -> bytes:
 
 
 def manifest(sm, m: MoveId) -> bytes:
-    """sha256 over the records of every key of the move's slots, in order."""
+    """sha256 over the records of every key of the move's slots, in order (at A, sealed)."""
     _sealed(sm, m)
+    return _digest(sm, m)
 
+
+def live_digest(sm, m: MoveId) -> bytes:
+    """The same digest over the live keys of the slots at a group that owns them all (B after
+    ACTIVATE: what it serves is exactly what A's manifest covered)."""
+    for s in range(m.first, m.last + 1):
+        if not sm.owned.owns(s):
+            raise MoveRefused(m, "group does not own slot %d" % s)
+    return _digest(sm, m)
+
+
+def _digest(sm, m: MoveId) -> bytes:
     def records():
         for slot in range(m.first, m.last + 1):
             for key in _slot_keys(sm, slot):

@@ -68,6 +68,7 @@ from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
 from . import logging_setup
 from .admin_rpcs import AdminRpcs
+from .slot_move_steps import SlotMoveRpcs
 from .backend import Backend, split_address
 from .client_memory import ClientMemory
 from .config import ConfigError, NodeConfig, parse_args
@@ -200,7 +201,9 @@ class Node:
             XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get,
                          info_server=self.resp, layout=self.layout_view,
                          admin=AdminRpcs(cfg.id, self.layout, self.backends, lambda: self.balancer,
-                                         {nid: a.grpc for nid, a in addresses.items()})), server)
+                                         {nid: a.grpc for nid, a in addresses.items()}),
+                         slot_moves=SlotMoveRpcs(self.backends, self.layout,
+                                                 {nid: a.grpc for nid, a in addresses.items()})), server)
         transport.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((

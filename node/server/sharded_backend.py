@@ -198,7 +198,8 @@ class ShardedBackend(Backend):
         if keys:
             slot = self._slot_of_keys(keys)
             b = self._backend_for_slot(slot)
-            return await self._on(b, slot, lambda b: b.read(argv, linearizable))
+            # The fsm refuses reads of slots it no longer owns (a move released them): MOVED.
+            return self._redirected(await self._on(b, slot, lambda b: b.read(argv, linearizable)))
         targets = self._keyless_targets(linearizable)
         name = spec.name
         if name == "scan":
