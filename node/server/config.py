@@ -11,6 +11,7 @@
                [--tick-ms 100] [--election-ticks 10] [--snapshot-entries 10000]
                [--log-level warning] [--log-json]
                [--groups 1]                             data Raft groups the 16384 slots are split over
+               [--move-timeout-s 60] [--pause-moves]     slot moves this node drives as metadata leader
 
 TOML keys are the flag names without the dashes, `-` or `_` alike
 (`cluster-id` or `cluster_id`). `peers` / `resp-peers` take the flag's string
@@ -95,6 +96,10 @@ class NodeConfig:
     # Data groups of a new cluster (placement.initial_layout): fixed at the founding start and
     # kept in DATA/slot-map.json; a later start with another value is refused (slot_map_store.py).
     groups: int = 1
+    # Slot moves (move_reconciler.py): a move not decided within this many seconds of the
+    # metadata leader first seeing it is aborted; pause_moves: this node drives none.
+    move_timeout_s: int = 60
+    pause_moves: bool = False
 
     def addresses(self) -> dict:
         """node id -> NodeAddresses, for redirects and CLUSTER SLOTS. This
@@ -164,6 +169,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="data Raft groups the 16384 slots are split over (default 1). Fixed when the "
                         "cluster is founded: every founding node must get the same value, and a later "
                         "start with another one is refused")
+    p.add_argument("--move-timeout-s", type=int,
+                   help="a slot move not decided within this many seconds is aborted (default 60)")
+    p.add_argument("--pause-moves", action="store_true", default=None,
+                   help="while this node leads the metadata group it drives no slot move (a move waits "
+                        "in the map until another leader drives it or an operator aborts it)")
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default warning: quiet")
     p.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     return p
@@ -240,6 +250,9 @@ def build(values: dict) -> NodeConfig:
     v["election_ticks"] = _int(v["election_ticks"], "election-ticks", 3, 10_000)
     v["snapshot_entries"] = _int(v["snapshot_entries"], "snapshot-entries", 1, 1 << 40)
     v["groups"] = _int(v["groups"], "groups", 1, MAX_GROUPS)
+    v["move_timeout_s"] = _int(v["move_timeout_s"], "move-timeout-s", 1, 86_400)
+    if not isinstance(v["pause_moves"], bool):
+        raise ConfigError("--pause-moves is a flag (true/false in TOML)")
     v["client_memory_bytes"] = _int(v["client_memory_bytes"], "client-memory-bytes", 1 << 20, 1 << 50)
     tls = [v.get(k) for k in ("tls_cert", "tls_key", "tls_ca")]
     if any(tls) and not all(tls):

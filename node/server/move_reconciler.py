@@ -29,7 +29,9 @@ restarts with each new leader: a timeout aborts later, never wrongly.
 
 The reconciler stops acting the moment the node stops leading group 0 (each round checks),
 and a data step that fails (a group without a leader, an RPC error) is retried next round
-after RETRY_S; steps never assume the previous round's work happened.
+after RETRY_S; steps never assume the previous round's work happened. A step a data group's
+fsm refuses (MoveStepRefused: a stale move, a digest mismatch) is final: before the decision
+the move is aborted with that reason; after it the step is retried (the map cannot go back).
 
 Failpoints (tests): XRAFT_FAILPOINTS="name,name" kills this process with SIGKILL when the
 reconciler reaches `move.<phase>.step` (before the data step of that phase) or
@@ -47,10 +49,13 @@ import signal
 import time
 from typing import Optional, Protocol
 
+import grpc
+
 from ..cluster.changes import AdvanceMove, StaleEpoch, already_applied
 from ..cluster.meta_machine import MetaApplied, MetaRefused
-from ..cluster.slot_map import BEFORE_DECISION, Migration, MovePhase, SlotMap
+from ..cluster.slot_map import BEFORE_DECISION, MAX_REASON_CHARS, Migration, MovePhase, SlotMap
 from ..cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Released, Sealed, Verified
+from .slot_move_steps import MoveStepRefused
 
 log = logging.getLogger("xraft.reconciler")
 
@@ -91,15 +96,30 @@ class MetaApi(Protocol):
     async def wait_change(self, timeout: float) -> None: ...
 
 
-def move_steps_factory(node) -> Optional[MoveSteps]:
-    """The node's MoveSteps, or None where the data side of moves is not built into this
-    xraft (then nothing drives moves: an operator's BeginMove stays until aborted)."""
-    try:
-        from . import slot_move_steps
-    except ImportError:
-        return None
-    grpc_of_node = {nid: a.grpc for nid, a in node.cfg.addresses().items()}
-    return slot_move_steps.MoveSteps(node.backend, grpc_of_node, token=node.token, tls=node.tls)
+def move_steps_factory(node) -> MoveSteps:
+    """The node's MoveSteps (slot_move_steps.py): each group's leader looked for among its
+    voters in the node's current map, reached with the node's own token and TLS."""
+    from .slot_move_steps import MoveSteps as GrpcMoveSteps
+
+    def voters(gid: int) -> list:
+        m = node.layout
+        spec = m.groups[gid]
+        order = [spec.preferred_leader] + [v for v in spec.voters if v != spec.preferred_leader]
+        return [m.nodes[n].grpc for n in order]
+
+    tls = node.tls
+    if tls is None:
+        return GrpcMoveSteps(voters, token=node.token)
+    options = (("grpc.ssl_target_name_override", tls.server_name),) if tls.server_name else None
+
+    def channel(address: str) -> grpc.aio.Channel:
+        return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
+    return GrpcMoveSteps(voters, token=node.token, channel=channel)
+
+
+def _reason(exc: Exception) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:MAX_REASON_CHARS]
 
 
 def failpoint(name: str) -> None:
@@ -174,6 +194,24 @@ class MoveReconciler:
             return
         name = "move.%s" % phase.value
         failpoint(name + ".step")
+        try:
+            event = await self._data_step(mig)
+        except MoveStepRefused as exc:
+            # A data group's fsm refused the step (a stale move, a digest mismatch...): the
+            # same request would be refused again. Before the decision the move is given up;
+            # after it there is no way back, so the step is retried (and logged) until it works.
+            if phase not in BEFORE_DECISION:
+                raise
+            log.warning("slots %d-%d -> group %d: %s refused (%s): aborting the move", mig.first, mig.last,
+                        mig.target, phase.value, exc)
+            await self._propose(mig, Abort(_reason(exc)))
+            return
+        failpoint(name + ".propose")
+        await self._propose(mig, event)
+
+    async def _data_step(self, mig: Migration):
+        """The data-group work of mig's phase (module doc); the event to propose next."""
+        phase = mig.phase
         st, a, b, run = self.steps, mig.source, mig.target, (mig.first, mig.last, mig.started_epoch)
         if phase == MovePhase.SEALING:
             await st.seal(a, *run)
@@ -200,8 +238,7 @@ class MoveReconciler:
         else:
             await st.abort(a, b, *run)
             event = Finish()
-        failpoint(name + ".propose")
-        await self._propose(mig, event)
+        return event
 
     async def _propose(self, mig: Migration, event) -> bool:
         """Propose one step; True when its effect is in the map."""

@@ -72,6 +72,7 @@ from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
 from . import logging_setup
 from .admin_rpcs import AdminRpcs
+from .slot_move_steps import SlotMoveRpcs
 from .backend import Backend, split_address
 from .client_memory import ClientMemory
 from .config import ConfigError, NodeConfig, parse_args
@@ -136,6 +137,7 @@ class Node:
         self.layout = layout          # the newest map group 0 applied here (_on_map)
         self.meta = MetaGroup(layout)
         self.admin: Optional[AdminRpcs] = None
+        self.slot_moves: Optional[SlotMoveRpcs] = None
         self.reconciler: Optional[MoveReconciler] = None
         self._reconcile_task: Optional[asyncio.Task] = None
         self.backends: dict[int, RaftBackend] = {}    # every hosted group's, by group id
@@ -211,9 +213,11 @@ class Node:
         server = grpc.aio.server(options=server_options(transport.limits))
         self.admin = AdminRpcs(cfg.id, self.layout, self.backends, lambda: self.balancer,
                                {nid: a.grpc for nid, a in addresses.items()}, meta=self.meta)
+        self.slot_moves = SlotMoveRpcs(self.backends, self.layout, {nid: a.grpc for nid, a in addresses.items()})
         client_pb2_grpc.add_XRaftServicer_to_server(
             XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get,
-                         info_server=self.resp, layout=self.layout_view, admin=self.admin), server)
+                         info_server=self.resp, layout=self.layout_view, admin=self.admin,
+                         slot_moves=self.slot_moves), server)
         transport.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((
@@ -244,9 +248,8 @@ class Node:
             self._balance_task = asyncio.get_running_loop().create_task(self.balancer.run())
         self.meta.add_listener(self._on_map)
         self._on_map(self.meta.slot_map)         # anything applied since open()
-        steps = move_steps_factory(self)
-        if steps is not None:
-            self.reconciler = MoveReconciler(self.meta, steps)
+        if not cfg.pause_moves:
+            self.reconciler = MoveReconciler(self.meta, move_steps_factory(self), move_timeout_s=cfg.move_timeout_s)
             self._reconcile_task = asyncio.get_running_loop().create_task(self.reconciler.run())
         warn_unauthenticated(cfg, self.token)
         log.warning("xraft-node %d ready grpc=%s resp=%s", cfg.id, cfg.grpc, cfg.resp)
@@ -259,6 +262,8 @@ class Node:
             self.backend.set_map(slot_map)
         if self.admin is not None:
             self.admin.slot_map = slot_map
+        if self.slot_moves is not None:
+            self.slot_moves.slot_map = slot_map
         if self.balancer is not None:
             self.balancer.slot_map = slot_map
 
@@ -305,6 +310,8 @@ class Node:
             self._balance_task.cancel()
         if self._reconcile_task is not None:
             self._reconcile_task.cancel()
+            await asyncio.gather(self._reconcile_task, return_exceptions=True)
+            await self.reconciler.steps.close()
         if self.backends:
             await asyncio.gather(*(self._stop_group(b) for b in self.backends.values()))
         if self.mr is not None and self.mr.loop is not None:

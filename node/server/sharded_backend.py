@@ -106,7 +106,9 @@ class ShardedBackend(Backend):
         gid, frozen = who_serves(self.slot_map, slot)
         if frozen:
             return False
-        b = self.groups.get(gid)
+        if self.slot_map.migration_of(slot) is None:
+            return True                   # no move: the fsm's own check answers (MOVED if not owned)
+        b = self.groups.get(gid)          # decided: the target, once its ACTIVATE applied here
         return b is None or b.sm.owned.owns(slot)
 
     async def _wait_serving(self, slot: int) -> None:
@@ -281,7 +283,8 @@ class ShardedBackend(Backend):
             slot = self._slot_of_keys(keys)
             await self._wait_serving(slot)
             b = self._backend_for_slot(slot)
-            return await self._on(b, slot, lambda b: b.read(argv, linearizable))
+            # The fsm refuses reads of slots it no longer owns (a move released them): MOVED.
+            return self._redirected(await self._on(b, slot, lambda b: b.read(argv, linearizable)))
         targets = self._keyless_targets(linearizable)
         name = spec.name
         if name == "scan":

@@ -13,7 +13,8 @@ slot map (snapshot every 3 entries, so restarts go through its snapshot and its 
     the same slots watches that move (not a new one), and the CLI reports the abort (exit 1,
     the owner unchanged);
   * `xraftctl rebalance` applies a preferred-leader change and the leader balancers follow.
-Nothing drives the move here: this checks the map side only."""
+Nothing drives the moves here (--pause-moves): this checks the map side only; the moves
+themselves: test_slot_move.py."""
 import json
 import signal
 import subprocess
@@ -45,7 +46,7 @@ def _key_in(first, last, prefix="k"):
 def meta_cluster(cluster_factory):  # noqa: F811
     cluster = cluster_factory(3)
     for node in cluster.nodes.values():
-        node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "3"]
+        node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "3", "--pause-moves"]
     cluster.start()
     return cluster
 

@@ -188,3 +188,23 @@ def test_failpoint_kills_the_first_process_only(tmp_path):
     other = dict(env, XRAFT_FAILPOINTS="move.decided.step")
     third = subprocess.run([sys.executable, "-c", code], env=other, capture_output=True, text=True, timeout=60)
     assert third.returncode == 0
+
+
+def test_a_refused_step_before_the_decision_aborts_with_its_reason():
+    from xraft.node.server.slot_move_steps import DigestMismatch
+
+    class Mismatch(Steps):
+        async def verify(self, a, b, first, last, epoch):
+            await self._do("verify")
+            raise DigestMismatch(b"\x01" * 32, b"\x02" * 32)
+
+    meta, steps = LocalMeta(), Mismatch()
+    meta.begin()
+    source = meta.slot_map.owner(FIRST)
+    seen = []
+    meta.machine.add_listener(lambda m: seen.extend(m.migrations.values()))
+    run(drive(MoveReconciler(meta, steps), meta))
+    assert not meta.slot_map.migrations and meta.slot_map.owner(FIRST) == source
+    assert steps.calls == ["seal", "copy", "verify", "abort"]
+    aborted = [m for m in seen if m.phase.value == "aborted"]
+    assert aborted and "digest" in aborted[0].reason.lower()
