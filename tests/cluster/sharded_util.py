@@ -5,6 +5,7 @@
                                unknown is recorded in `maybe`, never re-sent (RedisCluster's
                                default re-sends after a connection error: a possible duplicate)
     ClusterProducer.view(key)  the .acked / .maybe of one stream, for harness.check_stream
+    ClusterConn                harness.LeaderConn's call() over RedisCluster (harness.Consumer's conn)
     group_lines(node)          INFO raft's per-group lines, {group: {...}}, or None
     wait_groups_caught_up(...) every node applied its group leader's commit index, per group
 """
@@ -14,7 +15,7 @@ import types
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
+from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, TryAgainError
 from redis.retry import Retry
 
 from tests.cluster.conftest import wait_until
@@ -127,3 +128,61 @@ def wait_groups_caught_up(cluster, groups, timeout: float = 60.0) -> dict:
             out[g] = leads[0]["commit_index"]
         return out
     return wait_until(same, timeout, "every node to apply each group's commit index")
+
+
+class ClusterConn:
+    """harness.LeaderConn's call() over redis-py RedisCluster (its own retries off), for
+    harness.Consumer on a sharded cluster: "nothing was done" replies (TRYAGAIN of a moving
+    slot, CLUSTERDOWN, NOTLEADER, ...) are re-sent within FAILOVER_BUDGET_S; a write whose
+    reply was lost raises harness.Unknown."""
+
+    def __init__(self, cluster, name: str):
+        self.cluster, self.name = cluster, name
+        self.rc = None
+        self.retried = 0
+
+    def _client(self):
+        if self.rc is None:
+            for n in self.cluster.nodes.values():
+                if not n.running():
+                    continue
+                host, port = n.resp.rsplit(":", 1)
+                try:
+                    self.rc = RedisCluster(host=host, port=int(port), socket_timeout=5, socket_connect_timeout=1,
+                                           retry=Retry(NoBackoff(), 0), decode_responses=True)
+                    break
+                except (RedisClusterException, redis.RedisError, OSError):
+                    continue
+        return self.rc
+
+    def close(self):
+        if self.rc is not None:
+            self.rc.close()
+        self.rc = None
+
+    def call(self, method: str, *args, write: bool = False, **kw):
+        from tests.cluster.harness import NoLeader, Unknown
+        deadline = time.monotonic() + FAILOVER_BUDGET_S
+        while True:
+            rc = self._client()
+            if rc is not None:
+                try:
+                    return getattr(rc, method)(*args, **kw)
+                except (TryAgainError, ClusterDownError, ClusterError):
+                    self.close()          # ClusterError: "TTL exhausted", only after redirects
+                except redis.ResponseError as e:
+                    word = str(e).split(" ", 1)[0]
+                    if word == "UNKNOWNOUTCOME":
+                        self.close()
+                        raise Unknown("%s: %s" % (method, e)) from e
+                    if word not in RETRY_PREFIXES:
+                        raise
+                    self.close()
+                except (redis.RedisError, RedisClusterException, OSError) as e:
+                    self.close()
+                    if write:
+                        raise Unknown("%s: %r" % (method, e)) from e
+                self.retried += 1
+            if time.monotonic() >= deadline:
+                raise NoLeader("%s: no answer for %.0fs" % (self.name, FAILOVER_BUDGET_S))
+            time.sleep(0.05)
