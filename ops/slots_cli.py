@@ -5,7 +5,8 @@
 1. Reads the map (GetSlotMap) and proposes BeginMove(expect_epoch = its epoch) to the
    metadata group's leader (ProposeMapChange). A stale epoch (someone changed the map in
    between) is planned again from the new map, a few times. If the map already holds this
-   very move (a CLI that crashed and was run again), it is watched, not begun again.
+   very move (a CLI that crashed and was run again), it is watched, not begun again; if G
+   already owns every slot of the run, there is nothing to do (exit 0).
 2. Watches the map (every POLL_S) with a progress bar over the phases, until the migration
    leaves the map: the reconciler on the metadata leader drives it (node/server/
    move_reconciler.py); the CLI only watches, so killing it changes nothing.
@@ -72,6 +73,8 @@ def begin(client, conn: Connection, first: int, last: int, to_group: int) -> dic
             if mig["target"] != to_group:
                 raise StatusError(f"slots {first}-{last} are already moving to group {mig['target']}")
             return m
+        if all(g == to_group for a, b, g in m["slots"] if a <= last and b >= first):
+            return m                        # already there (a re-run after the move finished)
         change = json.dumps({"v": 1, "kind": "begin_move", "expect_epoch": m["epoch"], "first": first,
                              "last": last, "target": to_group}, sort_keys=True, separators=(",", ":"))
         r = client.propose_map_change(change.encode(), timeout=conn.timeout)

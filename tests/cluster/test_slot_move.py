@@ -8,6 +8,8 @@ group's leader driving each move (move_reconciler.py + slot_move_steps.py), star
     exactly what was delivered and not acked (owners and delivery counts), and a quiet
     stream's XINFO GROUPS / CONSUMERS / XPENDING are identical before the seal and after the
     commit (idle times aside, which only grow);
+  * a CLI killed right after it began the move: the move goes on, and the same command run
+    again watches it to its end (or finds it done), exit 0;
   * kill -9 of the metadata leader at every phase (failpoints, each once per cluster; a
     watcher restarts whatever died): the move still finishes, its data intact.
 """
@@ -206,3 +208,24 @@ def test_the_metadata_leader_killed_at_every_phase_still_finishes_the_move(killi
         rc.close()
     with sync.Client([n.grpc for n in cluster.nodes.values()], timeout=20) as c:
         assert "migrations" not in json.loads(c.get_slot_map().slot_map)
+
+
+def test_killing_the_cli_does_not_stop_the_move_and_a_rerun_reports_it(plain):
+    cluster = plain
+    first, last, owner, target = _run_range(cluster, "cli")
+    cmd = [sys.executable, "-m", "xraft.ops", "slots", "move", "--slots", f"{first}-{last}", "--to-group",
+           str(target), "--json", "--seed", cluster.nodes[2].grpc, "--timeout", "5"]
+    cli = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with sync.Client([n.grpc for n in cluster.nodes.values()], timeout=20) as c:
+            def begun():
+                m = json.loads(c.get_slot_map().slot_map)
+                return any(g["first"] == first for g in m.get("migrations", ())) or \
+                    all(g == target for a, b, g in m["slots"] if a <= last and b >= first)
+            wait_until(begun, 60, "the CLI's BeginMove in the map")
+    finally:
+        cli.kill()
+        cli.communicate()
+    result = _move(cluster, first, last, target, seed=3)     # watches the move, or finds it done
+    assert result["from_group"] in (owner, target)
+    assert _owner(cluster, first) == target
