@@ -22,6 +22,20 @@ from tests.cluster.conftest import wait_until
 from tests.cluster.harness import FAILOVER_BUDGET_S, RETRY_PREFIXES, Worker, raft_info
 
 
+def cluster_client(cluster, socket_timeout: float):
+    """A RedisCluster (its own retries off) seeded by the first running node that answers, or None."""
+    for n in cluster.nodes.values():
+        if not n.running():
+            continue
+        host, port = n.resp.rsplit(":", 1)
+        try:
+            return RedisCluster(host=host, port=int(port), socket_timeout=socket_timeout, socket_connect_timeout=1,
+                                retry=Retry(NoBackoff(), 0), decode_responses=True)
+        except (RedisClusterException, redis.RedisError, OSError):
+            continue              # this seed is restarting: the next one
+    return None
+
+
 class ClusterProducer(Worker):
     """A write that got a reply meaning "nothing was done" (CLUSTERDOWN, TRYAGAIN, NOTLEADER,
     ...; MOVED is followed inside RedisCluster) is re-sent within FAILOVER_BUDGET_S; one that
@@ -44,16 +58,7 @@ class ClusterProducer(Worker):
 
     def _client(self) -> RedisCluster:
         if self.rc is None:
-            for n in self.cluster.nodes.values():
-                if not n.running():
-                    continue
-                host, port = n.resp.rsplit(":", 1)
-                try:
-                    self.rc = RedisCluster(host=host, port=int(port), socket_timeout=3, socket_connect_timeout=1,
-                                           retry=Retry(NoBackoff(), 0), decode_responses=True)
-                    break
-                except (RedisClusterException, redis.RedisError, OSError):
-                    continue              # this seed is restarting: the next one
+            self.rc = cluster_client(self.cluster, 3)
         return self.rc
 
     def _drop(self):
@@ -143,16 +148,7 @@ class ClusterConn:
 
     def _client(self):
         if self.rc is None:
-            for n in self.cluster.nodes.values():
-                if not n.running():
-                    continue
-                host, port = n.resp.rsplit(":", 1)
-                try:
-                    self.rc = RedisCluster(host=host, port=int(port), socket_timeout=5, socket_connect_timeout=1,
-                                           retry=Retry(NoBackoff(), 0), decode_responses=True)
-                    break
-                except (RedisClusterException, redis.RedisError, OSError):
-                    continue
+            self.rc = cluster_client(self.cluster, 5)
         return self.rc
 
     def close(self):
