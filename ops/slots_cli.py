@@ -7,8 +7,8 @@
    between) is planned again from the new map, a few times. If the map already holds this
    very move (a CLI that crashed and was run again), it is watched, not begun again; if G
    already owns every slot of the run, there is nothing to do (exit 0).
-2. Watches the map (every POLL_S) with a progress bar over the phases, until the migration
-   leaves the map: the reconciler on the metadata leader drives it (node/server/
+2. Watches the map (every POLL_S; a map older than one already seen is ignored) with a
+   progress bar over the phases, until the migration leaves the map: the reconciler on the metadata leader drives it (node/server/
    move_reconciler.py); the CLI only watches, so killing it changes nothing.
 3. Exit 0 only if the slots' owner is then G; 1 if the move was aborted (the reason is
    printed) or did not end within --wait.
@@ -116,9 +116,14 @@ def watch(client, conn: Connection, first: int, last: int, to_group: int, wait_s
                 break
             time.sleep(POLL_S)
             try:
-                m = read_map(client, conn)
+                newer = read_map(client, conn)
             except errors.XRaftError:
                 continue                    # a node restarting: ask again
+            if newer["epoch"] < m["epoch"]:
+                # A node that just restarted may serve an older map for a moment (a commit
+                # index saved without fsync is re-learned from the leader): never go back.
+                continue
+            m = newer
             mig = migration(m, first, last)
     owner = owner_of(m, first)
     result = "moved" if mig is None and owner == to_group else "timeout" if mig is not None else "aborted"

@@ -13,10 +13,11 @@ Every node, `--groups 1` included, runs one: the map's epoch and its migrations 
 from it everywhere (a one-group cluster can have no move, its map changes only by operator
 changes such as AddNode).
 
-open() returns once the entries its disk holds as committed are applied again, so the node
-starts routing with the newest map its disk knows to be committed, not the founding one (a
-commit index saved without fsync, raft_driver.py, is re-learned from the leader a moment
-later). Listeners hear every later map, on the loop thread (MetaMachine.add_listener).
+open() returns once the entries its disk holds as committed are applied again and, on a
+restart, once it caught up with the leader's commit (a read index; at most CATCH_UP_S, so a
+node alone still starts): a commit index saved without fsync (raft_driver.py) could otherwise
+make it route by a map a little older than the one it served before the restart. Clients
+that watch the map ignore an epoch older than one they saw (ops/slots_cli.py). Listeners hear every later map, on the loop thread (MetaMachine.add_listener).
 """
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ from ..cluster.changes import encode_change
 from ..cluster.meta_machine import META_GROUP_ID, MetaMachine, MetaResult, meta_members
 from ..cluster.slot_map import SlotMap
 from ..runtime.multiraft import MultiRaft
-from ..runtime.raft_driver import GroupDriver
+from ..runtime.raft_driver import DriverError, GroupDriver
 
 log = logging.getLogger("xraft.meta")
 
 REPLAY_WAIT_S = 10.0      # open(): the local log's committed entries re-apply within this
 REPLAY_POLL_S = 0.01
+CATCH_UP_S = 3.0          # open(): a restarted member then waits this long at most for the leader's commit
 
 
 class MetaGroup:
@@ -58,6 +60,22 @@ class MetaGroup:
             log.warning("metadata group: %d of %d committed entries re-applied after %.0fs; starting "
                         "with the map of epoch %d", self.driver.applied, commit, REPLAY_WAIT_S,
                         self.slot_map.epoch)
+        if commit > 1:
+            await self._catch_up(loop)
+
+    async def _catch_up(self, loop) -> None:
+        """A restarted member: what its disk holds as committed may be a little behind what
+        it had applied (commit indexes are saved without fsync), so before the node routes,
+        catch up with the leader's commit (a read index), for at most CATCH_UP_S."""
+        deadline = loop.time() + CATCH_UP_S
+        while loop.time() < deadline and self.driver.failed is None:
+            try:
+                await self.driver.read_index(timeout=max(0.05, deadline - loop.time()))
+                return
+            except DriverError:
+                await asyncio.sleep(REPLAY_POLL_S * 5)      # no leader yet: an election is under way
+        log.info("metadata group: not caught up with a leader within %.0fs; starting with the map of "
+                 "epoch %d (newer ones arrive by replication)", CATCH_UP_S, self.slot_map.epoch)
 
     @property
     def slot_map(self) -> SlotMap:

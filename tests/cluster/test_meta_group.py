@@ -48,7 +48,18 @@ def meta_cluster(cluster_factory):  # noqa: F811
     for node in cluster.nodes.values():
         node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "3", "--pause-moves"]
     cluster.start()
+    # the leader balancers' first hand-overs over (a write during one is refused UNAVAILABLE)
+    with sync.Client([n.grpc for n in cluster.nodes.values()], timeout=20) as c:
+        wait_until(lambda: _settled(c), 60, "every group led by its preferred node")
     return cluster
+
+
+def _settled(client):
+    try:
+        layout = client.cluster_layout()
+    except errors.XRaftError:
+        return False
+    return all(g.leader and g.leader == g.preferred_leader for g in layout.groups)
 
 
 def _maps(cluster):
