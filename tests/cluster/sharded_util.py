@@ -6,6 +6,7 @@
                                default re-sends after a connection error: a possible duplicate)
     ClusterProducer.view(key)  the .acked / .maybe of one stream, for harness.check_stream
     ClusterConn                harness.LeaderConn's call() over RedisCluster (harness.Consumer's conn)
+    wait_settled(cluster)      the layout once every group is led by its preferred node
     group_lines(node)          INFO raft's per-group lines, {group: {...}}, or None
     wait_groups_caught_up(...) every node applied its group leader's commit index, per group
 """
@@ -182,3 +183,18 @@ class ClusterConn:
             if time.monotonic() >= deadline:
                 raise NoLeader("%s: no answer for %.0fs" % (self.name, FAILOVER_BUDGET_S))
             time.sleep(0.05)
+
+
+def wait_settled(cluster, timeout: float = 60.0):
+    """The layout once every group is led by its preferred node: the leader balancers' first
+    hand-overs are over (a write during one is refused UNAVAILABLE)."""
+    from xraft.client import errors, sync
+
+    def settled():
+        try:
+            layout = c.cluster_layout()
+        except errors.XRaftError:
+            return None
+        return layout if all(g.leader and g.leader == g.preferred_leader for g in layout.groups) else None
+    with sync.Client([n.grpc for n in cluster.nodes.values()], timeout=20) as c:
+        return wait_until(settled, timeout, "every group led by its preferred node")

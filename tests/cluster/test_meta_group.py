@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from tests.cluster.conftest import cluster_factory, wait_until  # noqa: F401 - a fixture
+from tests.cluster.sharded_util import wait_settled
 from xraft.client import errors, sync
 from xraft.client.slots import key_slot
 
@@ -48,18 +49,8 @@ def meta_cluster(cluster_factory):  # noqa: F811
     for node in cluster.nodes.values():
         node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "3", "--pause-moves"]
     cluster.start()
-    # the leader balancers' first hand-overs over (a write during one is refused UNAVAILABLE)
-    with sync.Client([n.grpc for n in cluster.nodes.values()], timeout=20) as c:
-        wait_until(lambda: _settled(c), 60, "every group led by its preferred node")
+    wait_settled(cluster)         # the leader balancers' first hand-overs over
     return cluster
-
-
-def _settled(client):
-    try:
-        layout = client.cluster_layout()
-    except errors.XRaftError:
-        return False
-    return all(g.leader and g.leader == g.preferred_leader for g in layout.groups)
 
 
 def _maps(cluster):

@@ -25,8 +25,8 @@ from redis.cluster import RedisCluster
 
 from tests.cluster.conftest import cluster_factory, wait_until  # noqa: F401 - a fixture
 from tests.cluster.harness import GROUP, Consumer, GroupModel, SdkProducer, check_group, check_stream
-from tests.cluster.sharded_util import ClusterConn
-from xraft.client import errors, sync
+from tests.cluster.sharded_util import ClusterConn, wait_settled
+from xraft.client import sync
 from xraft.client.slots import key_slot
 
 GROUPS = 3
@@ -40,18 +40,8 @@ def _start(cluster_factory, tmp_path_factory, env=None):  # noqa: F811
         node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "200"]
     cluster.env.update(env or {})
     cluster.start()
-    # the leader balancers' first hand-overs over (a write during one is refused UNAVAILABLE)
-    with sync.Client([n.grpc for n in cluster.nodes.values()], timeout=20) as c:
-        wait_until(lambda: _settled(c), 60, "every group led by its preferred node")
+    wait_settled(cluster)         # the leader balancers' first hand-overs over
     return cluster
-
-
-def _settled(client):
-    try:
-        layout = client.cluster_layout()
-    except errors.XRaftError:
-        return False
-    return all(g.leader and g.leader == g.preferred_leader for g in layout.groups)
 
 
 def _run_range(cluster, tag):
