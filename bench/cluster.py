@@ -46,6 +46,10 @@ entries are `sensor-id 1234 temperature 19.8` everywhere):
    (one client, BATCH_CONCURRENCY batches of 100 in flight) with each batch
    sent to the next group's key, so all three nodes lead writes. Printed with
    its ratio to phase 1's one-group figure (target >= 1.5x).
+8. slot move, on the same sharded cluster (bench/slot_move.py): a slot holding a stream of
+   100k entries (--quick 5k) with a group of 10k (1k) pending entries moves to another group
+   while probes write to it and to another group: slot_move_s, slot_move_write_wait_ms
+   (targets <= 5 s, <= 1000 ms), slot_move_frozen_ms, slot_move_other_write_max_ms.
 
 Per phase the CPU use of each process (% of one core, from /proc) is printed:
 on a 2-core machine with 3 nodes + the client, it shows which process limits
@@ -75,6 +79,8 @@ from xraft.client.aio import Client
 from xraft.client.errors import XRaftError
 from xraft.client.slots import key_slot
 from xraft.ops import local_cluster as lc
+
+import slot_move  # noqa: E402 - bench/slot_move.py, beside this file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIELDS = {b"sensor-id": b"1234", b"temperature": b"19.8"}
@@ -581,6 +587,7 @@ def sharded_batch(args, tmp: str, out: dict) -> None:
         out["sharded_vs_one_group"] = rate / one if one else 0.0
         print(f"SDK xadd_batch(100) x {BATCH_CONCURRENCY} over {len(keys)} groups: {rate:,.0f} entries/s = "
               f"{out['sharded_vs_one_group']:.2f}x one group ({one:,.0f}; target >= 1.5x)   [{m.line()}]")
+        slot_move.run_phase(seeds, args.quick, out)
     finally:
         if lc.cluster_file(dir_).exists():
             lc.down(dir_)

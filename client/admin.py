@@ -9,6 +9,11 @@ once `to` leads (node/server/admin_rpcs.py).
 Errors are the server's typed ones: CommandError (unknown group, target not a
 voter), UnavailableError (target not reachable or not caught up) and
 DeadlineExceededError (it did not take over in time).
+
+get_slot_map(): the slot map (canonical JSON bytes, node/cluster/slot_map.py) as the first
+node that answers has applied it. propose_map_change(change bytes): to the metadata group's
+leader (the seed first, following NOT_LEADER; during an election it asks again); the answer
+says whether the change applied or why the map refused it (ProposeMapChangeResponse).
 """
 from __future__ import annotations
 
@@ -81,3 +86,47 @@ async def rebalance_plan(client, timeout: float) -> pb.RebalancePlanResponse:
     layout = await client.cluster_layout(timeout=timeout)
     address = next((n.grpc for n in layout.nodes if n.id == layout.node_id), client._seeds[0])
     return await _call(client, address, "RebalancePlan", pb.RebalancePlanRequest(), deadline)
+
+
+async def get_slot_map(client, timeout: float) -> pb.GetSlotMapResponse:
+    """The map of the first node that answers (the known nodes, then the seeds)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last = None
+    for address in _addresses(client):
+        try:
+            return await _call(client, address, "GetSlotMap", pb.GetSlotMapRequest(), deadline)
+        except (UnavailableError, DeadlineExceededError) as e:
+            last = e
+    raise last or UnavailableError("GetSlotMap: no node to ask")
+
+
+async def propose_map_change(client, change: bytes, timeout: float) -> pb.ProposeMapChangeResponse:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    addresses = _addresses(client)
+    address, last = addresses[0], None
+    for attempt in range(MAX_REDIRECTS * 4):
+        try:
+            return await _call(client, address, "ProposeMapChange", pb.ProposeMapChangeRequest(change=change),
+                               deadline)
+        except NotLeaderError as e:
+            last = e
+            if e.leader_address:
+                address = e.leader_address
+                continue
+        except UnavailableError as e:       # that node is down: another one names the leader
+            last = e
+            address = addresses[(attempt + 1) % len(addresses)]
+        await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))   # an election is under way
+    raise last
+
+
+def _addresses(client) -> list:
+    """gRPC addresses to ask: the seeds, then every node the routing knows."""
+    table = client._router.table
+    known = list(table.addresses) if table is not None else []
+    out = []
+    for a in list(client._seeds) + known:
+        if a and a not in out:
+            out.append(a)
+    return out

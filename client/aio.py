@@ -245,6 +245,16 @@ class Client(Commands):
         """The RebalancePlanResponse a node computes on its slot map (nothing is applied)."""
         return await admin.rebalance_plan(self, self.timeout if timeout is None else timeout)
 
+    async def get_slot_map(self, *, timeout=None):
+        """GetSlotMapResponse (epoch, slot_map canonical JSON, node_id, meta_leader) of the
+        first node that answers (client/admin.py)."""
+        return await admin.get_slot_map(self, self.timeout if timeout is None else timeout)
+
+    async def propose_map_change(self, change: bytes, *, timeout=None):
+        """Propose one encoded slot map change to the metadata group's leader; the
+        ProposeMapChangeResponse says whether it applied or why it was refused."""
+        return await admin.propose_map_change(self, bytes(change), self.timeout if timeout is None else timeout)
+
     def leader_for(self, key) -> str | None:
         """The address a call for `key` goes to first (None: unknown or unsharded)."""
         table = self._router.table

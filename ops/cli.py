@@ -6,7 +6,8 @@
     xraftctl local kill   --dir DIR --node ID [--signal KILL|TERM|STOP|CONT]
     xraftctl status       --seed HOST:PORT [--json] [--token-file F] [--tls-ca F --tls-cert F --tls-key F]
     xraftctl leader transfer --seed HOST:PORT --group G --to NODE [--json]
-    xraftctl rebalance    --seed HOST:PORT --dry-run [--json]
+    xraftctl rebalance    --seed HOST:PORT [--dry-run] [--json]
+    xraftctl slots move   --seed HOST:PORT --slots FIRST-LAST --to-group G [--json] (ops/slots_cli.py)
     xraftctl compose      [--nodes 3] [--groups G] [--token] > docker-compose.yml
 
 `local ...` manages processes on this machine; `status` (and every command to
@@ -24,7 +25,7 @@ import time
 
 import click
 
-from . import cluster_admin, cluster_status, compose_cli, metrics_scrape
+from . import cluster_admin, cluster_status, compose_cli, metrics_scrape, rebalance_cli, slots_cli
 from . import local_cluster as lc
 
 
@@ -210,10 +211,12 @@ def cluster_status_command(conn, as_json):
     Exits 1 if no node answers, or if the seed runs an xraft without sharding
     (it has no ClusterLayout to show)."""
     layout = _run(cluster_status.fetch_layout, conn)
+    moves = slots_cli.migrations_of(conn)
     if as_json:
-        click.echo(json.dumps(layout.to_json(), indent=2))
+        click.echo(json.dumps({**layout.to_json(), "migrations": moves}, indent=2))
     else:
         click.echo(cluster_status.table(layout))
+        click.echo(slots_cli.migrations_text(moves))
 
 
 @main.group()
@@ -241,22 +244,31 @@ def leader_transfer(conn, group_id, to_node, as_json):
 
 @main.command("rebalance")
 @seed_options
-@click.option("--dry-run", is_flag=True, help="Only show the plan (required for now).")
+@click.option("--dry-run", is_flag=True, help="Only show the plan.")
+@click.option("--wait", "wait_s", default=300.0, show_default=True, type=click.FloatRange(1, 86400),
+              help="Seconds to watch each slot move.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"epoch", "node_id", "slot_moves": [{"first", "last", "slots", "from_group", '
-                   '"to_group"}], "leader_changes": [{"group", "from_node", "to_node"}]}.')
-def rebalance(conn, dry_run, as_json):
-    """The changes that even out slots over groups and preferred leaders over nodes.
+                   '"to_group"}], "leader_changes": [{"group", "from_node", "to_node"}]} (--dry-run), or '
+                   '{"result", "reason", "epoch", "steps"}.')
+def rebalance(conn, dry_run, wait_s, as_json):
+    """Even out slots over groups and preferred leaders over nodes.
 
-    Only --dry-run works: slot moves need the metadata group, not built yet, so
-    without it the command refuses (exit 1) and changes nothing."""
+    --dry-run shows the plan. Without it the plan is applied one change at a time (each
+    slot move driven to its end, then a new plan), until nothing is left: exit 0 when
+    balanced, 1 if a move was aborted (ops/rebalance_cli.py)."""
     if not dry_run:
-        raise click.ClickException(cluster_admin.NOT_BUILT)
+        result = _run(rebalance_cli.apply, conn, wait_s, not as_json)
+        click.echo(json.dumps(result) if as_json else rebalance_cli.text(result))
+        if result["result"] != "balanced":
+            raise SystemExit(1)
+        return
     plan = _run(cluster_admin.rebalance_plan, conn)
     click.echo(json.dumps(plan, indent=2) if as_json else cluster_admin.plan_text(plan))
 
 
 main.add_command(compose_cli.compose)
+slots_cli.register(main, seed_options, _run)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,14 @@ rebalance --dry-run: the plan a node computes on its slot map (plan_rebalance), 
      "slot_moves": [{"first": a, "last": b, "slots": n, "from_group": g, "to_group": h}, ...],
      "leader_changes": [{"group": g, "from_node": n, "to_node": m}, ...]}
 
-Nothing is applied: slot moves need the metadata group, not built yet.
+Nothing is applied here; `xraftctl rebalance` without --dry-run applies the plan
+(rebalance_cli.py).
 This module talks to nodes only through the SDK (ops/ never imports node/).
 """
 from xraft.client import errors
 
 from .cluster_status import Connection, StatusError
 
-NOT_BUILT = ("slot moves need the metadata group, not built yet: nothing was changed "
-             "(`xraftctl rebalance --dry-run` shows the plan)")
 
 
 def _ask(conn: Connection, what: str, fn):
@@ -73,5 +72,5 @@ def plan_text(plan: dict) -> str:
     if leaders:
         lines.append("preferred leaders:")
         lines += [f"  group {c['group']}: node {c['from_node']} -> node {c['to_node']}" for c in leaders]
-    lines.append("dry run: nothing was applied (" + NOT_BUILT.split(":")[0] + ")")
+    lines.append("dry run: nothing was applied (`xraftctl rebalance` without --dry-run applies it)")
     return "\n".join(lines)

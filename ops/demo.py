@@ -12,6 +12,9 @@
 6. checks: every acknowledged XADD is in the stream and was processed by the
    group, the PEL is empty; duplicates (a write re-sent after its reply was
    lost) are counted and reported. Exit status 0 only if every check passed.
+7. part 2 (ops/demo_move.py; --no-slot-move skips it): a sharded cluster (6 groups) moves
+   the slot of a stream to another group with `xraftctl slots move` while a producer and a
+   consumer group keep going through redis-py RedisCluster.
 
 Following the leader: every client re-resolves the leader on a connection error,
 -MOVED, -NOTLEADER or another "nothing happened, try elsewhere" error. A write
@@ -21,6 +24,7 @@ producer first reads the stream back to see whether it landed.
 """
 import argparse
 import collections
+import os
 import random
 import shutil
 import sys
@@ -32,6 +36,7 @@ from typing import Optional
 import redis
 from redis.exceptions import AskError, ClusterDownError, TryAgainError
 
+from . import demo_move
 from . import local_cluster as lc
 
 GROUP = "readers"
@@ -288,18 +293,28 @@ def wait_for_new_leader(cluster, old_id, t0, limit) -> tuple:
     return None, limit
 
 
-def run(dir_: str, phase_seconds: float = 3.0) -> int:
+def run(dir_: str, phase_seconds: float = 3.0, slot_move: bool = True) -> int:
     t0 = time.monotonic()
     failures = []
     say(t0, f"starting a 3-node xraft cluster in {dir_}")
     cluster = lc.up(dir_, 3, timeout=60, progress=lambda m: say(t0, "  " + m))
     try:
-        return _scenario(cluster, dir_, t0, phase_seconds, failures)
+        code = _scenario(cluster, dir_, t0, phase_seconds, failures)
     finally:
         say(t0, "stopping the cluster (xraftctl local down)")
         killed = lc.down(dir_, timeout=10, progress=lambda m: say(t0, "  " + m))
         if killed:
             say(t0, f"  node(s) {killed} needed SIGKILL")
+    if code != 0 or not slot_move:
+        return code
+    failures = demo_move.run(os.path.join(dir_, "sharded"), lambda m: say(t0, m), phase_seconds)
+    if failures:
+        print("== FAILED (part 2, slot move):")
+        for f in failures:
+            print("   - " + f)
+        return 1
+    print("== OK (part 2): a slot moved to another group under load, nothing lost, the group carried on")
+    return 0
 
 
 def _scenario(cluster, dir_, t0, phase_seconds, failures) -> int:
@@ -478,10 +493,11 @@ def main(argv=None) -> int:
     p.add_argument("--dir", help="cluster directory (default: a new temporary one, removed after a successful run)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data)")
     p.add_argument("--seconds", type=float, default=3.0, help="length of each phase (before and after the crash)")
+    p.add_argument("--no-slot-move", action="store_true", help="skip part 2 (a sharded cluster moving a slot)")
     args = p.parse_args(argv)
     dir_ = args.dir or tempfile.mkdtemp(prefix="xraft-demo-")
     try:
-        code = run(dir_, args.seconds)
+        code = run(dir_, args.seconds, slot_move=not args.no_slot_move)
     except lc.LocalClusterError as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2

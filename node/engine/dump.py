@@ -206,15 +206,37 @@ def dump_keyspace(db: Keyspace) -> bytes:
     invariant(len(db.data) <= MAX_KEYS, "too many keys to dump")
     out.append(_U32.pack(len(db.data)))
     for key in sorted(db.data):
-        value = db.data[key]
-        codec = _BY_CLASS.get(type(value))
-        invariant(codec is not None, "no dump codec for %s" % type(value).__name__)
-        payload = codec.dump(value)
-        invariant(len(key) <= MAX_KEY_LEN and len(payload) <= MAX_PAYLOAD_LEN, "record too large")
-        record = b"".join((_U8.pack(codec.tag), _U32.pack(len(key)), key, _U32.pack(len(payload)), payload))
-        out += [record, _U32.pack(zlib.crc32(record))]
+        out.append(dump_record(key, db.data[key]))
     body = b"".join(out)
     return body + _U32.pack(zlib.crc32(body))
+
+
+def dump_record(key: bytes, value) -> bytes:
+    """One key's record (the layout's "record", its CRC included): the unit of a
+    snapshot and of a slot move's chunks (fsm/slot_moves.py)."""
+    _ensure_stream_codec()
+    codec = _BY_CLASS.get(type(value))
+    invariant(codec is not None, "no dump codec for %s" % type(value).__name__)
+    payload = codec.dump(value)
+    invariant(len(key) <= MAX_KEY_LEN and len(payload) <= MAX_PAYLOAD_LEN, "record too large")
+    record = b"".join((_U8.pack(codec.tag), _U32.pack(len(key)), key, _U32.pack(len(payload)), payload))
+    return record + _U32.pack(zlib.crc32(record))
+
+
+def load_records(buf) -> list:
+    """[(key, value, record bytes)] of concatenated `dump_record`s (a move's chunk);
+    CorruptDump, and nothing, on any damage. Keys must be distinct; order is the caller's."""
+    if not isinstance(buf, (bytes, bytearray, memoryview)):
+        raise CorruptDump("records are not bytes")
+    buf = bytes(buf)
+    _ensure_stream_codec()
+    r = _Reader(buf, 0, len(buf), "records")
+    out = []
+    while r.left():
+        start = r.pos
+        key, value = _load_record(r)
+        out.append((key, value, buf[start:r.pos]))
+    return out
 
 
 def load_keyspace(buf) -> Keyspace:

@@ -65,6 +65,8 @@ Field invariants (decode checks every one; encode refuses to write a violation):
                         MAX_WATCHED_KEYS keys, each W the canonical decimal of a log
                         index <= 2**63-1; the rest is a MULTI's commands (kind 7:
                         added within version 1, fsm/watch.py)
+               SLOT_MOVE: ncmd == 1, anonymous: [op, first, last, started_epoch, args..]
+                        (kind 8, added within version 1 the same way; fsm/slot_moves.py)
     argc       1 <= argc <= MAX_ARGC (an empty argv is no command)
     len        <= MAX_ARG_BYTES (redis proto-max-bulk-len)
     opts       bits NOMKSTREAM 0x01, MAXLEN 0x02, MINID 0x04, APPROX 0x08 ("~"),
@@ -142,6 +144,7 @@ class Kind(enum.IntEnum):
     XADD_BATCH = 5  # N XADDs to one key with the same options (XAddBatch), as one MULTI
     REGISTER = 6    # open or refresh the session of client_id (sessions.py)
     WATCHED_MULTI = 7   # MULTI/EXEC after WATCH: aborted at apply if a watched key changed
+    SLOT_MOVE = 8   # one step of an online slot move (fsm/slot_moves.py), anonymous, one argv
 
 
 class IdKind(enum.IntEnum):
@@ -357,6 +360,8 @@ def _shape_error(req: Request):
         if n or not isinstance(req.xadd, XAddBatch) or not req.xadd.entries or not req.xadd.raw:
             return "XADD_BATCH request without a built batch"
         return None
+    if req.kind == Kind.SLOT_MOVE and (n != 1 or req.client_id):
+        return "SLOT_MOVE must be anonymous with one argv"
     if req.kind in (Kind.COMMAND, Kind.CONFIG) and n != 1:
         return "%s request with %d commands" % (req.kind.name, n)
     if req.kind == Kind.MULTI and n > MAX_TXN_COMMANDS:

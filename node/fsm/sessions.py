@@ -249,6 +249,10 @@ class Sessions:
             raw = _marker(client_id, seq)
             invariant(len(raw) <= self.max_result_bytes, "the marker fits MIN_RESULT_BYTES")
         client.add(client_id, seq, raw)
+        self._trim(client_id, client)
+
+    def _trim(self, client_id: int, client: _Client) -> None:
+        """Evict the oldest results over the count, then demote large ones over the budget."""
         while len(client.results) > self.results_per_client:
             old, old_raw = client.results.popitem(last=False)
             client.nbytes -= len(old_raw)
@@ -262,6 +266,46 @@ class Sessions:
             marker = _marker(client_id, old)
             client.nbytes += len(marker) - len(client.results[old])
             client.results[old] = marker
+
+    def merge(self, other: "Sessions", now_ms: int) -> None:
+        """Take the results of `other` (a slot move's source group's table) that this table
+        lacks: a (client id, seq) is applied by one group only, so a retry that reaches this
+        group after a move is answered with the source's result, never applied again. A client
+        this table lacks is added, active at now_ms (if there is room); floors take the max."""
+        for client_id, theirs in other.clients.items():
+            mine = self.clients.get(client_id)
+            if mine is None:
+                if len(self.clients) >= self.max_clients:
+                    continue
+                mine = self.clients[client_id] = _Client(now_ms)
+                self._touch(client_id, mine, now_ms)
+            # Rebuilt in seq order (imported seqs interleave with ours), so eviction takes the
+            # smallest seqs first and the floor never passes a result that is kept.
+            results = dict(mine.results)
+            for seq, raw in theirs.results.items():
+                if seq not in results and len(raw) <= self.max_result_bytes:
+                    results[seq] = raw
+            floor = max(mine.floor, theirs.floor)
+            fresh = _Client(mine.last_ms, floor)
+            for seq in sorted(results):
+                if seq > floor:
+                    fresh.add(client_id, seq, results[seq])
+            self.clients[client_id] = fresh
+            self._trim(client_id, fresh)
+
+    def newest(self, max_bytes: int) -> "Sessions":
+        """A copy holding the most recently active clients whose encoding fits max_bytes."""
+        out = Sessions(self.max_clients, self.results_per_client, self.max_result_bytes, self.session_timeout_ms)
+        size, picked = _HEAD.size, []
+        for client_id in reversed(self.clients):
+            c = self.clients[client_id]
+            size += _CLIENT.size + sum(_RES.size + len(r) for r in c.results.values())
+            if size > max_bytes:
+                break
+            picked.append((client_id, c))
+        for client_id, c in reversed(picked):
+            out.clients[client_id] = c
+        return out
 
     # -- snapshot form -----------------------------------------------------------
 

@@ -13,7 +13,8 @@ only the record and the replicated bitmap).
                               and every snapshot written before ownership existed)
 
 Encoding (in the fsm snapshot, state_machine.py version >= 4): empty = every
-slot; else exactly BITMAP_BYTES bytes. Anything else is corrupt.
+slot; else exactly BITMAP_BYTES bytes (all zero: a group that moved every slot
+away). Anything else is corrupt.
 
 Keyless requests (CONFIG SET, REGISTER, NOOP, FLUSHALL, DBSIZE ...) are never
 refused: they act on this group's own keys only.
@@ -99,8 +100,6 @@ class OwnedSlots:
             return cls(None)
         if len(raw) != BITMAP_BYTES:
             raise CorruptOwnedSlots("owned-slot bitmap of %d bytes (want 0 or %d)" % (len(raw), BITMAP_BYTES))
-        if not any(raw):
-            raise CorruptOwnedSlots("a group owns at least one slot")
         return cls(raw)
 
     def refusal(self, req: Request) -> Optional[SlotNotOwned]:

@@ -8,6 +8,9 @@
                          replicated, in snapshots
     +-- owned            the slots this group owns (slot_owner.py): a keyed request
                          for another slot is refused at apply; replicated, in snapshots
+    +-- moves            online slot moves (slot_moves.py): sealed slots (a keyed request
+                         for one gets SlotFrozen, read or write), staging areas, per-slot
+                         move epochs; replicated, in snapshots
     +-- applied_index    last log index applied. Invariant: advances by exactly 1 per apply/skip
     +-- last_now_ms      largest time applied. Invariant: never decreases
     +-- last_ready_keys  keys signalled ready by the last apply (for the server to
@@ -33,8 +36,11 @@ Snapshot layout (big-endian):
     +--------+---------+-------------+------------+--------------+----------------------+
     | ver_len u32 | versions (watch.py; version >= 3)   | own_len u32 | owned slots       |
     +-------------+--------------------------------------+-------------+ (version >= 4)    |
+    | mv_len u32 | slot moves (slot_moves.py; version >= 5; empty: no move ever)           |
+    +------------+-------------------------------------------------------------------------+
     | ks_len u64 | keyspace (engine dump.py, own CRCs)   | crc32 u32 of all before          |
     +------------+---------------------------------------+----------------------------------+
+      version < 5 has no mv_len/moves: it restores with no move.
       version < 4 has no own_len/owned: it restores as owning every slot
       (slot_owner.py: own_len 0 = every slot, else the 2048-byte bitmap).
       version 1 (before WATCH) has no ver_len/versions: it restores with no
@@ -55,6 +61,7 @@ from ..engine.commands import lookup
 from ..engine.dump import CorruptDump, dump_keyspace, load_keyspace
 from ..engine.errors import EngineError
 from ..engine.keyspace import EngineConfig, Keyspace
+from ..engine.slots import key_slot
 from ..engine.replies import NULL_ARRAY, OK, WouldBlock
 from ..invariant import invariant
 from ..raft.types import EntryType
@@ -66,16 +73,18 @@ from .resolve import is_config_set, queue_check
 from .sessions import MAGIC as SESSIONS_MAGIC
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
                        DEFAULT_SESSION_TIMEOUT_MS, CorruptSessions, Sessions)
-from .slot_owner import CorruptOwnedSlots, OwnedSlots
+from .slot_move_apply import apply_move
+from .slot_moves import CorruptMoves, SlotFrozen, SlotMoves
+from .slot_owner import CorruptOwnedSlots, OwnedSlots, SlotNotOwned, spec_keys
 from .watch import CorruptVersions, KeyVersions, present_before
 from .xadd_batch import apply_xadd_batch
 
 SNAP_MAGIC = b"XFSM"
 # Version 2: sessions in their timed form (sessions.py v2). Version 3 adds the WATCH key
 # versions (the versions section is present iff version >= 3). Version 4 adds the owned
-# slots (present iff version >= 4; older ones own every slot).
-SNAP_VERSION = 4
-_SNAP_VERSIONS = (1, 2, 3, 4)              # restorable; 1 = sessions without times, < 3 = no versions
+# slots (present iff version >= 4; older ones own every slot). Version 5 adds the slot moves.
+SNAP_VERSION = 5
+_SNAP_VERSIONS = (1, 2, 3, 4, 5)             # restorable; 1 = sessions without times, < 3 = no versions
 MAX_INDEX = (1 << 63) - 1
 
 _SNAP_HEAD = struct.Struct(">4sHQQI")      # magic, version, applied, now_ms, sess_len
@@ -104,6 +113,7 @@ class StateMachine:
         # Part of the initial state too: every replica of a group starts from the slot map's
         # ranges for it (the founding nodes all compute the same map).
         self.owned = owned if owned is not None else OwnedSlots()
+        self.moves = SlotMoves()
         self.applied_index = 0
         self.last_now_ms = 0
         self.last_ready_keys = frozenset()
@@ -135,7 +145,7 @@ class StateMachine:
         self._index = entry_index
         results = [self._apply_request(req, now, want_results) for req in record.requests]
         self.versions.bound(self.keyspace.data, entry_index)
-        self.last_now_ms = now
+        self.last_now_ms = max(now, self.last_now_ms)   # a STAGE may raise it (a move's time floor)
         self.applied_index = entry_index
         self.last_ready_keys = frozenset(self.keyspace.pop_ready_keys())
         return results
@@ -164,7 +174,13 @@ class StateMachine:
             if seen and not (req.kind == Kind.COMMAND and may_run_again(req.argv, result)):
                 return result                     # a retry: the first attempt's result
             want_results = True                   # the sessions keep it
+        if req.kind == Kind.SLOT_MOVE:
+            return apply_move(self, req.argv, self._index, now)
         refused = self.owned.refusal(req) if self.owned.bitmap is not None else None
+        if refused is None and self.moves.any_sealed:
+            refused = self.moves.frozen_refusal(req)
+            if refused is not None:
+                return refused                    # not recorded: nothing applied, a retry may run
         if refused is not None:
             result = refused                      # a slot another group owns: nothing changes
         elif req.kind == Kind.COMMAND:
@@ -272,6 +288,9 @@ class StateMachine:
             return e
         if spec.is_write:
             raise NotARead(argv)
+        refused = self._key_refusal(spec, argv)
+        if refused is not None:
+            return refused
         # Local clock, clamped: a read must not see time before what was applied
         # (negative idle times in XINFO/XPENDING).
         now = max(now_ms, self.last_now_ms)
@@ -280,12 +299,24 @@ class StateMachine:
         except EngineError as e:
             return e
 
+    def _key_refusal(self, spec, argv):
+        """SlotNotOwned / SlotFrozen for a read naming a key of a slot not served here."""
+        if self.owned.bitmap is None and not self.moves.any_sealed:
+            return None
+        keys = spec_keys(spec, argv)
+        if self.owned.bitmap is not None:
+            for key in keys:
+                if not self.owned.owns(key_slot(bytes(key))):
+                    return SlotNotOwned(key_slot(bytes(key)))
+        return self.moves.frozen_keys(keys)
+
     # -- snapshots ---------------------------------------------------------------
 
     def snapshot(self) -> bytes:
         sessions = self.sessions.encode()
         versions = self.versions.encode()
         owned = self.owned.encode()
+        moves = self.moves.encode()
         keyspace = dump_keyspace(self.keyspace)
         invariant(len(sessions) < 1 << 32, "sessions too large for the snapshot")
         invariant(len(versions) < 1 << 32, "versions too large for the snapshot")
@@ -294,17 +325,18 @@ class StateMachine:
         body = b"".join((
             _SNAP_HEAD.pack(SNAP_MAGIC, SNAP_VERSION, self.applied_index, self.last_now_ms, len(sessions)),
             sessions, _U32.pack(len(versions)), versions, _U32.pack(len(owned)), owned,
-            _U64.pack(len(keyspace)), keyspace))
+            _U32.pack(len(moves)), moves, _U64.pack(len(keyspace)), keyspace))
         return body + _U32.pack(zlib.crc32(body))
 
     def restore(self, buf) -> None:
         """Replace the whole state with a snapshot's; CorruptSnapshot (and no
         change at all) if the bytes are not one."""
-        applied, now_ms, sessions, versions, owned, keyspace = _parse_snapshot(buf)
+        applied, now_ms, sessions, versions, owned, moves, keyspace = _parse_snapshot(buf)
         self.keyspace = keyspace
         self.sessions = sessions
         self.versions = versions
         self.owned = owned
+        self.moves = moves
         self.applied_index = applied
         self.last_now_ms = now_ms
         self.last_ready_keys = frozenset()
@@ -364,6 +396,13 @@ def _parse_snapshot(buf):
             owned = OwnedSlots.decode(raw)
         except CorruptOwnedSlots as e:
             raise CorruptSnapshot("owned slots: %s" % e) from None
+    moves = SlotMoves()
+    if version >= 5:
+        raw, pos = _u32_section(buf, pos, end, "slot moves")
+        try:
+            moves = SlotMoves.decode(raw, now_ms)
+        except CorruptMoves as e:
+            raise CorruptSnapshot("slot moves: %s" % e) from None
     if end - pos < _U64.size:
         raise CorruptSnapshot("keyspace length runs past the end")
     ks_len = _U64.unpack_from(buf, pos)[0]
@@ -374,4 +413,4 @@ def _parse_snapshot(buf):
         keyspace = load_keyspace(buf[pos:end])
     except CorruptDump as e:
         raise CorruptSnapshot("keyspace: %s" % e) from None
-    return applied, now_ms, sessions, versions, owned, keyspace
+    return applied, now_ms, sessions, versions, owned, moves, keyspace

@@ -180,7 +180,8 @@ class MultiRaft:
 
     async def add_group(self, group_id: int, data_dir: str, sm: StateMachine,
                         bootstrap_voters: Sequence[int] = (),
-                        options: Optional[GroupOptions] = None) -> GroupDriver:
+                        options: Optional[GroupOptions] = None,
+                        bootstrap_learners: Sequence[int] = ()) -> GroupDriver:
         """Open a group's storage (in the executor: recovery reads the whole WAL) and start driving it."""
         if self.loop is None or self.closing:
             raise RuntimeError("add_group() needs a started, open MultiRaft")
@@ -190,7 +191,8 @@ class MultiRaft:
             raise ValueError(f"node {self.node_id} already hosts {len(self.groups)} groups (limit)")
         opts = options or self.options.group
         g = await self.loop.run_in_executor(self.executor, GroupDriver.open, group_id, self.node_id,
-                                            data_dir, sm, opts, self, tuple(bootstrap_voters))
+                                            data_dir, sm, opts, self, tuple(bootstrap_voters),
+                                            tuple(bootstrap_learners))
         if self.closing:  # closed while we were opening: do not leak the storage
             await self.loop.run_in_executor(self.executor, g.close_storage)
             raise RuntimeError("MultiRaft closed while the group was opening")

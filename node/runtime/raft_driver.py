@@ -230,13 +230,14 @@ class GroupDriver:
 
     @classmethod
     def open(cls, group_id: int, node_id: int, data_dir: str, sm: StateMachine, options: GroupOptions,
-             host: DriverHost, bootstrap_voters: Sequence[int] = ()) -> "GroupDriver":
+             host: DriverHost, bootstrap_voters: Sequence[int] = (),
+             bootstrap_learners: Sequence[int] = ()) -> "GroupDriver":
         """Open (or create) the group's storage in `data_dir` and recover the state machine.
 
         bootstrap_voters: for a founding member of a new group, the initial voters;
         written as a snapshot at index 1, term 1 only if the directory is empty
         (a restart ignores it). A member added later passes () and is caught up by
-        the leader's snapshot. Blocking (disk reads): call from a thread.
+        the leader's snapshot. bootstrap_learners: the founding learners, with the voters. Blocking (disk reads): call from a thread.
         """
         options.validate()
         storage = DiskStorage.open(data_dir, options.storage)
@@ -244,7 +245,8 @@ class GroupDriver:
             fresh = (storage.last_index() == 0 and storage.snapshot().is_empty()
                      and storage.hard_state() == HardState())
             if fresh and bootstrap_voters:
-                cs = ConfState(voters=tuple(sorted(set(bootstrap_voters))))
+                cs = ConfState(voters=tuple(sorted(set(bootstrap_voters))),
+                               learners=tuple(sorted(set(bootstrap_learners) - set(bootstrap_voters))))
                 storage.apply_snapshot(Snapshot(SnapshotMetadata(index=1, term=1, conf_state=cs), sm.snapshot()))
                 storage.sync()
             return cls(group_id, node_id, storage, sm, options, host)

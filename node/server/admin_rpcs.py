@@ -14,8 +14,15 @@ not take over in time is TIMEOUT. Both are retriable: nothing else changed.
 
 RebalancePlan: plan_rebalance on this node's slot map, as data: slot runs that
 would move (from the group owning them now to the target) and preferred leaders
-that would change. Nothing is applied: changing the map at runtime needs the
-metadata group, which does not exist yet.
+that would change. Nothing is applied (the CLI proposes the moves one at a time).
+
+GetSlotMap: this node's copy of the map (group 0's state as applied here) and the metadata
+leader it knows. ProposeMapChange: one encoded change (changes.py) proposed to group 0 on
+its leader; another node answers NOT_LEADER naming the leader's gRPC address (group 0).
+A change the map refuses is an answer, not an error: applied=false with the refusal's kind
+("stale_epoch" with already_applied, "move" for a MoveError, "invalid" for the rest), so a
+driver can tell "done already" from "plan again". Bytes that do not decode are refused the
+same way, before anything is proposed.
 """
 from __future__ import annotations
 
@@ -24,9 +31,12 @@ from typing import Callable, Optional
 
 from xraft.proto.v1 import client_pb2 as pb
 
-from ..cluster.changes import BeginMove, SetPreferredLeader
+from ..cluster.changes import BeginMove, SetPreferredLeader, StaleEpoch, already_applied, decode_change
+from ..cluster.meta_machine import META_GROUP_ID, MetaApplied
 from ..cluster.rebalance import plan_rebalance
-from ..cluster.slot_map import SlotMap
+from ..cluster.slot_map import SlotMap, SlotMapError
+from ..cluster.slot_move import MoveError
+from ..runtime.driver_api import NotLeader as DriverNotLeader, ProposalDropped, UnknownOutcome
 from ..engine.errors import EngineError
 from .backend import BackendError, NotLeader, Unavailable
 from .leader_balance import LeaderBalancer
@@ -34,6 +44,7 @@ from .leader_balance import LeaderBalancer
 DEFAULT_WAIT_S = 5.0
 MAX_WAIT_S = 60.0
 POLL_S = 0.02
+PROPOSE_WAIT_S = 5.0
 
 
 def _ids(ids) -> str:
@@ -42,12 +53,13 @@ def _ids(ids) -> str:
 
 class AdminRpcs:
     def __init__(self, node_id: int, slot_map: SlotMap, backends: dict,
-                 balancer: Callable[[], Optional[LeaderBalancer]], grpc_of_node: dict):
+                 balancer: Callable[[], Optional[LeaderBalancer]], grpc_of_node: dict, meta=None):
         self.node_id = node_id
         self.slot_map = slot_map
         self.backends = backends                 # {group id: RaftBackend}
         self._balancer = balancer                # the node's, once started (None for one group)
         self._grpc_of_node = grpc_of_node        # {node id: gRPC address}, for NOT_LEADER
+        self.meta = meta                         # meta_group.MetaGroup (None: no map changes)
 
     async def transfer_leader(self, request: pb.TransferLeaderRequest, remaining: Optional[float]):
         gid, to = request.group_id, request.to_node
@@ -118,3 +130,48 @@ class AdminRpcs:
             else:                                # plan_rebalance makes only these two kinds
                 raise EngineError(f"ERR unexpected change in a rebalance plan: {change.kind}")
         return out
+
+    def get_slot_map(self) -> pb.GetSlotMapResponse:
+        m = self.meta.slot_map if self.meta is not None else self.slot_map
+        lead = self.meta.leader_id() if self.meta is not None else 0
+        return pb.GetSlotMapResponse(epoch=m.epoch, slot_map=m.encode(), node_id=self.node_id, meta_leader=lead)
+
+    async def propose_map_change(self, request: pb.ProposeMapChangeRequest,
+                                 remaining: Optional[float]) -> pb.ProposeMapChangeResponse:
+        if self.meta is None:
+            raise EngineError("ERR this node runs no metadata group")
+        try:
+            change = decode_change(bytes(request.change))
+        except SlotMapError as exc:
+            m = self.meta.slot_map
+            return pb.ProposeMapChangeResponse(applied=False, epoch=m.epoch, slot_map=m.encode(),
+                                               refused_kind="invalid", refused=str(exc))
+        if not self.meta.is_leader():
+            raise self._meta_not_leader()
+        wait = PROPOSE_WAIT_S if remaining is None else max(0.01, min(PROPOSE_WAIT_S, remaining))
+        try:
+            result = await self.meta.propose(change, wait)
+        except DriverNotLeader:
+            raise self._meta_not_leader() from None
+        except ProposalDropped as exc:
+            raise Unavailable(f"the metadata group dropped the change ({exc}): nothing changed, try again") from None
+        except UnknownOutcome:
+            raise BackendError("UNKNOWNOUTCOME the map change may or may not have been applied: read the "
+                               "map (GetSlotMap) before proposing again") from None
+        m = self.meta.slot_map
+        if isinstance(result, MetaApplied):
+            return pb.ProposeMapChangeResponse(applied=True, epoch=result.slot_map.epoch,
+                                               slot_map=result.slot_map.encode())
+        err = result.error
+        kind = "stale_epoch" if isinstance(err, StaleEpoch) else "move" if isinstance(err, MoveError) else "invalid"
+        done = already_applied(m, change) if isinstance(err, StaleEpoch) else \
+            bool(getattr(err, "already_applied", False))
+        return pb.ProposeMapChangeResponse(applied=False, epoch=m.epoch, slot_map=m.encode(), refused_kind=kind,
+                                           refused=str(err), already_applied=done)
+
+    def _meta_not_leader(self) -> NotLeader:
+        lead = self.meta.leader_id()
+        exc = NotLeader(None)
+        exc.grpc_address = self._grpc_of_node.get(lead) if lead else None
+        exc.leader_id, exc.group_id = lead, META_GROUP_ID
+        return exc

@@ -142,6 +142,7 @@ class NodeInfo:
 class Shard:
     slot_ranges: tuple        # ((first, last), ...) inclusive
     nodes: tuple              # NodeInfo, the leader (master) first
+    epoch: int = 0            # the slot map's epoch (CLUSTER INFO's epochs); 0 without a map
 
 
 def split_address(address: str):

@@ -177,9 +177,10 @@ def cluster_nodes(backend) -> bytes:
             flags = ("myself," if n.myself else "") + n.role
             if not n.healthy:
                 flags += ",fail"
-            head = "%s %s:%d@%d %s %s 0 0 0 connected" % (
+            # config-epoch: the slot map's epoch (every shard of one map shares it)
+            head = "%s %s:%d@%d %s %s 0 0 %d connected" % (
                 n.node_id, n.host, n.port, n.port + 10000, flags,
-                "-" if n.role == "master" else master.node_id)
+                "-" if n.role == "master" else master.node_id, shard.epoch)
             lines.append(head + (" " + ranges if n.role == "master" and ranges else "") + "\n")
     return "".join(lines).encode()
 

@@ -12,6 +12,7 @@
                [--log-level warning] [--log-json]
                [--groups 1]                             data Raft groups the 16384 slots are split over
                [--metrics HOST:PORT]                    Prometheus metrics at /metrics (server/metrics.py)
+               [--move-timeout-s 60] [--pause-moves]     slot moves this node drives as metadata leader
 
 TOML keys are the flag names without the dashes, `-` or `_` alike
 (`cluster-id` or `cluster_id`). `peers` / `resp-peers` take the flag's string
@@ -98,6 +99,10 @@ class NodeConfig:
     groups: int = 1
     # Prometheus metrics listen address (server/metrics.py); None: no metrics endpoint.
     metrics: Optional[str] = None
+    # Slot moves (move_reconciler.py): a move not decided within this many seconds of the
+    # metadata leader first seeing it is aborted; pause_moves: this node drives none.
+    move_timeout_s: int = 60
+    pause_moves: bool = False
 
     def addresses(self) -> dict:
         """node id -> NodeAddresses, for redirects and CLUSTER SLOTS. This
@@ -169,6 +174,11 @@ def _parser() -> argparse.ArgumentParser:
                         "start with another one is refused")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)")
+    p.add_argument("--move-timeout-s", type=int,
+                   help="a slot move not decided within this many seconds is aborted (default 60)")
+    p.add_argument("--pause-moves", action="store_true", default=None,
+                   help="while this node leads the metadata group it drives no slot move (a move waits "
+                        "in the map until another leader drives it or an operator aborts it)")
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default warning: quiet")
     p.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     return p
@@ -247,6 +257,9 @@ def build(values: dict) -> NodeConfig:
     v["election_ticks"] = _int(v["election_ticks"], "election-ticks", 3, 10_000)
     v["snapshot_entries"] = _int(v["snapshot_entries"], "snapshot-entries", 1, 1 << 40)
     v["groups"] = _int(v["groups"], "groups", 1, MAX_GROUPS)
+    v["move_timeout_s"] = _int(v["move_timeout_s"], "move-timeout-s", 1, 86_400)
+    if not isinstance(v["pause_moves"], bool):
+        raise ConfigError("--pause-moves is a flag (true/false in TOML)")
     v["client_memory_bytes"] = _int(v["client_memory_bytes"], "client-memory-bytes", 1 << 20, 1 << 50)
     tls = [v.get(k) for k in ("tls_cert", "tls_key", "tls_ca")]
     if any(tls) and not all(tls):

@@ -186,14 +186,16 @@ def rpc_names() -> list:
 class XRaftService(pb_grpc.XRaftServicer):
     def __init__(self, backend, *, registry: BlockingRegistry | None = None, token: str | None = None,
                  grpc_address_of=None, info_server=None, client_memory: ClientMemory | None = None,
-                 layout=None, admin=None):
+                 layout=None, admin=None, slot_moves=None):
         """`grpc_address_of(addr)`: the gRPC address of the node whose RESP
         address the backend names as leader (identity by default).
         `info_server`: the node's RespServer, whose figures INFO reports.
         `layout()`: (SlotMap, {group id: (leader id, term)}, node id) for ClusterLayout
         (None: the RPC answers UNIMPLEMENTED).
-        `admin`: admin_rpcs.AdminRpcs for TransferLeader and RebalancePlan (None: UNIMPLEMENTED)."""
+        `admin`: admin_rpcs.AdminRpcs for TransferLeader and RebalancePlan (None: UNIMPLEMENTED).
+        `slot_moves`: slot_move_steps.SlotMoveRpcs for SlotMoveStep (None: UNIMPLEMENTED)."""
         self.backend = backend
+        self._slot_moves = slot_moves
         self._layout = layout
         self._admin = admin
         # Node-wide bytes of client requests (client_memory.py): the RESP server's, when there is one.
@@ -689,6 +691,30 @@ class XRaftService(pb_grpc.XRaftServicer):
 
         async def body(call):
             return self._admin.rebalance_plan()
+        return await self._handle(request, context, body)
+
+    async def GetSlotMap(self, request, context):
+        if self._admin is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no slot map")
+
+        async def body(call):
+            return self._admin.get_slot_map()
+        return await self._handle(request, context, body)
+
+    async def ProposeMapChange(self, request, context):
+        if self._admin is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no metadata group")
+
+        async def body(call):
+            return await self._admin.propose_map_change(request, call.remaining())
+        return await self._handle(request, context, body)
+
+    async def SlotMoveStep(self, request, context):
+        if self._slot_moves is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no slot moves")
+
+        async def body(call):
+            return await self._slot_moves.step(request)
         return await self._handle(request, context, body)
 
     # -- streaming (grpc_streams.py) ----------------------------------------------------------

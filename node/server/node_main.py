@@ -14,6 +14,10 @@
                                   (sharded_backend.py) routing each request by its keys' slot
     LeaderBalancer                leaders move to each group's preferred node (leader_balance.py)
     metrics on --metrics          Prometheus /metrics over HTTP on the event loop (metrics.py)
+    MetaGroup                     Raft group 0 (DATA/group-0), the slot map replicated
+                                  (meta_group.py); every applied change re-routes the node
+    MoveReconciler                on group 0's leader: drives the map's slot moves
+                                  (move_reconciler.py)
 
 Start-up: validate everything (config, secret, TLS files, token) before
 touching the data dir; lock the data dir (a second process on the same
@@ -70,6 +74,7 @@ from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
 from . import logging_setup
 from .admin_rpcs import AdminRpcs
+from .slot_move_steps import SlotMoveRpcs
 from .backend import Backend, split_address
 from .client_memory import ClientMemory
 from .config import ConfigError, NodeConfig, parse_args
@@ -78,6 +83,8 @@ from .grpc_service import XRaftService, rpc_names
 from .info import SERVER_COMMANDS
 from .leader_balance import LeaderBalancer
 from .metrics import Metrics, MetricsServer, NodeCollector
+from .meta_group import MetaGroup
+from .move_reconciler import MoveReconciler, move_steps_factory
 from .raft_backend import RaftBackend
 from .request_stats import RequestStats
 from .resp_server import RespServer
@@ -131,7 +138,13 @@ class Node:
                  data: DataDir, layout: SlotMap):
         self.cfg = cfg
         self.data = data
-        self.layout = layout
+        self.founding = layout        # the epoch-1 map: group 0's and the data groups' first state
+        self.layout = layout          # the newest map group 0 applied here (_on_map)
+        self.meta = MetaGroup(layout)
+        self.admin: Optional[AdminRpcs] = None
+        self.slot_moves: Optional[SlotMoveRpcs] = None
+        self.reconciler: Optional[MoveReconciler] = None
+        self._reconcile_task: Optional[asyncio.Task] = None
         self.backends: dict[int, RaftBackend] = {}    # every hosted group's, by group id
         self.balancer: Optional[LeaderBalancer] = None
         self._balance_task: Optional[asyncio.Task] = None
@@ -170,18 +183,20 @@ class Node:
         # The groups first: recovery reads every WAL, and no listener should
         # accept clients before the state they would read exists.
         await self.mr.start()
-        hosted = self.layout.groups_of_node(cfg.id)
+        await self.meta.open(self.mr, group_dir(cfg, 0))
+        self.layout = self.meta.slot_map
+        hosted = self.founding.groups_of_node(cfg.id)
         if not hosted:
             raise StartError(f"node {cfg.id} replicates no group of the slot map")
         for gid in hosted:
-            spec = self.layout.groups[gid]
+            spec = self.founding.groups[gid]
             b = RaftBackend(cfg.id, addresses, propose_timeout_s=max(10.0, 4 * election_s),
                             read_timeout_s=max(5.0, 2 * election_s),
                             leader_ready_timeout_s=max(5.0, 2 * election_s),
                             warm_up_retry_s=min(0.05, cfg.tick_ms / 1000),
                             leader_settle_s=2 * election_s,
                             peer_clock_skews=transport.peer_clock_skews,
-                            group_id=gid, owned=OwnedSlots.from_ranges(self.layout.ranges(gid)))
+                            group_id=gid, owned=OwnedSlots.from_ranges(self.founding.ranges(gid)))
             # Every handshake reads a peer's clock: replicated time stays within the group's (C6).
             transport.add_clock_listener(b.cap_time_by_group)
             b.add_failure_listener(lambda exc, gid=gid: self._on_group_failed(gid, exc))
@@ -205,10 +220,12 @@ class Node:
                                client_memory=ClientMemory(cfg.client_memory_bytes))
         grpc_of_resp = {a.resp: a.grpc for a in addresses.values() if a.resp}
         server = grpc.aio.server(options=server_options(transport.limits))
+        self.admin = AdminRpcs(cfg.id, self.layout, self.backends, lambda: self.balancer,
+                               {nid: a.grpc for nid, a in addresses.items()}, meta=self.meta)
+        self.slot_moves = SlotMoveRpcs(self.backends, self.layout, {nid: a.grpc for nid, a in addresses.items()})
         service = XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get,
-                               info_server=self.resp, layout=self.layout_view,
-                               admin=AdminRpcs(cfg.id, self.layout, self.backends, lambda: self.balancer,
-                                               {nid: a.grpc for nid, a in addresses.items()}))
+                               info_server=self.resp, layout=self.layout_view, admin=self.admin,
+                               slot_moves=self.slot_moves)
         client_pb2_grpc.add_XRaftServicer_to_server(service, server)
         transport.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -240,6 +257,11 @@ class Node:
             self.balancer = LeaderBalancer(cfg.id, self.layout, self.backends, interval_s=max(0.2, election_s),
                                            cooldown_s=max(2.0, 5 * election_s))
             self._balance_task = asyncio.get_running_loop().create_task(self.balancer.run())
+        self.meta.add_listener(self._on_map)
+        self._on_map(self.meta.slot_map)         # anything applied since open()
+        if not cfg.pause_moves:
+            self.reconciler = MoveReconciler(self.meta, move_steps_factory(self), move_timeout_s=cfg.move_timeout_s)
+            self._reconcile_task = asyncio.get_running_loop().create_task(self.reconciler.run())
         warn_unauthenticated(cfg, self.token)
         log.warning("xraft-node %d ready grpc=%s resp=%s", cfg.id, cfg.grpc, cfg.resp)
 
@@ -255,6 +277,19 @@ class Node:
             await self.metrics_server.start()
         except OSError as exc:
             raise StartError(f"cannot listen on --metrics {self.cfg.metrics}: {exc}") from None
+
+    def _on_map(self, slot_map: SlotMap) -> None:
+        """A newer map applied by group 0: route by it everywhere (the hosted data groups do
+        not change: membership changes are not built)."""
+        self.layout = slot_map
+        if isinstance(self.backend, ShardedBackend):
+            self.backend.set_map(slot_map)
+        if self.admin is not None:
+            self.admin.slot_map = slot_map
+        if self.slot_moves is not None:
+            self.slot_moves.slot_map = slot_map
+        if self.balancer is not None:
+            self.balancer.slot_map = slot_map
 
     def layout_view(self) -> tuple:
         """(the slot map, {group id: (leader id, term)} this node knows, its id): ClusterLayout."""
@@ -297,6 +332,10 @@ class Node:
             await self._set_health(False)
         if self._balance_task is not None:
             self._balance_task.cancel()
+        if self._reconcile_task is not None:
+            self._reconcile_task.cancel()
+            await asyncio.gather(self._reconcile_task, return_exceptions=True)
+            await self.reconciler.steps.close()
         if self.backends:
             await asyncio.gather(*(self._stop_group(b) for b in self.backends.values()))
         if self.mr is not None and self.mr.loop is not None:

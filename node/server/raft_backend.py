@@ -586,17 +586,27 @@ class RaftBackend(Backend):
     async def read(self, argv, linearizable: bool = True):
         self._check_open()
         if linearizable:
-            if not self.is_leader():
-                raise self._not_leader()
-            try:
-                await self.driver.read_index(timeout=self.read_timeout_s)
-            except drv.NotLeader as exc:
-                raise self._not_leader(exc.leader_id) from None
-            except (drv.ReadFailed, drv.ProposalDropped) as exc:
-                if not self.is_leader():
-                    raise self._not_leader() from None
-                raise Unavailable("read not confirmed: %s" % getattr(exc, "reason", exc)) from None
+            await self._read_barrier()
         return self.sm.read(argv, self.stamper.clock(self.now_ms(), self._mono()))
+
+    async def read_state(self, fn):
+        """fn(the fsm) once a read index confirmed this leader and it applied up to it: a
+        linearizable read of state no command reads (slot_move_steps.py: export, manifest)."""
+        self._check_open()
+        await self._read_barrier()
+        return fn(self.sm)
+
+    async def _read_barrier(self) -> None:
+        if not self.is_leader():
+            raise self._not_leader()
+        try:
+            await self.driver.read_index(timeout=self.read_timeout_s)
+        except drv.NotLeader as exc:
+            raise self._not_leader(exc.leader_id) from None
+        except (drv.ReadFailed, drv.ProposalDropped) as exc:
+            if not self.is_leader():
+                raise self._not_leader() from None
+            raise Unavailable("read not confirmed: %s" % getattr(exc, "reason", exc)) from None
 
     # -- writes ----------------------------------------------------------------------------
     async def submit(self, requests: Sequence) -> list:

@@ -31,6 +31,13 @@ answers on a follower: NotLeader naming the leader of slot 0's group. Reads
 that may be stale (READONLY clients, INFO's key count) use every group this node
 hosts instead.
 
+The map follows the metadata group (node_main.py calls set_map on every applied change):
+routing asks who_serves(map, slot). A slot frozen by a move (sealed at its source, not yet
+decided) parks the request until the map moves on, at most PARK_S, then answers -TRYAGAIN
+(redis's text; cluster clients retry it); a slot the map gives to a hosted group whose fsm
+has not applied the slot's activation yet parks the same way. At most MAX_PARKED requests
+wait at once; beyond that -TRYAGAIN at once.
+
 At apply, each group's fsm refuses a keyed request for a slot it does not own
 (fsm/slot_owner.py: the map may change between routing and commit); that
 result is turned here into a MOVED to the leader of the slot's group now.
@@ -38,9 +45,11 @@ result is turned here into a MOVED to the leader of the slot's group now.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Callable, Optional, Sequence
 
 from ..cluster.slot_map import SlotMap
+from ..cluster.slot_move import who_serves
 from ..engine.cmd_slots import COUNT_KEYS_IN_SLOT, GET_KEYS_IN_SLOT
 from ..engine.command_keys import command_keys
 from ..engine.commands import lookup
@@ -52,7 +61,7 @@ from ..fsm.slot_owner import not_owned_slot, request_keys
 from ..invariant import invariant
 from .backend import Backend, NodeInfo, NotLeader, Shard, cluster_node_id, split_address
 from .raft_backend import RaftBackend
-from .wire_errors import moved_message
+from .wire_errors import moved_message, try_again_message
 
 CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
 SCAN_GROUP_BITS = 16             # group ids are uint16 (slot_map.MAX_GROUP_ID)
@@ -60,6 +69,15 @@ _FAN_OUT = frozenset((b"flushall", b"flushdb"))
 # Internal keyless reads that name a slot in argv[1] (CLUSTER COUNTKEYSINSLOT/GETKEYSINSLOT):
 # served by that slot's group.
 _SLOT_READS = frozenset((COUNT_KEYS_IN_SLOT, GET_KEYS_IN_SLOT))
+PARK_S = 0.5                     # how long a request to a moving slot waits for the move
+PARK_POLL_S = 0.02               # re-check while parked (a data group's activation is not a map change)
+MAX_PARKED = 10_000              # requests parked at once on this node
+
+
+def _frozen(result) -> bool:
+    """A data group's "slot frozen by a move" result (fsm SlotFrozen, docs/slot-move-steps.md):
+    nothing was applied."""
+    return isinstance(result, EngineError) and result.message.startswith("TRYAGAIN ")
 
 
 class ShardedBackend(Backend):
@@ -68,12 +86,51 @@ class ShardedBackend(Backend):
         invariant(groups and all(g in slot_map.groups for g in groups), "hosted groups are in the map")
         self.raft_id = raft_id
         self.addresses = addresses            # node id -> NodeAddresses (config.py)
-        self.slot_map = slot_map
         self.groups: dict[int, RaftBackend] = dict(sorted(groups.items()))
-        # Computed once: the map does not change while the node runs (no slot moves yet).
-        self._ranges = {g: tuple(slot_map.ranges(g)) for g in slot_map.groups}
+        self._map_changed = asyncio.Event()
+        self.parked = 0                   # requests waiting for a moving slot now
+        self.set_map(slot_map)
         own = addresses[raft_id].resp
         self.node_id = cluster_node_id(own) if own else ""
+
+    # -- the map -----------------------------------------------------------------------------
+    def set_map(self, slot_map: SlotMap) -> None:
+        """Route by `slot_map` from now on (a newer map applied by the metadata group), and
+        wake the parked requests to look again."""
+        self.slot_map = slot_map
+        self._ranges = {g: tuple(slot_map.ranges(g)) for g in slot_map.groups}
+        self._map_changed.set()
+        self._map_changed = asyncio.Event()
+
+    def _slot_ready(self, slot: int) -> bool:
+        gid, frozen = who_serves(self.slot_map, slot)
+        if frozen:
+            return False
+        if self.slot_map.migration_of(slot) is None:
+            return True                   # no move: the fsm's own check answers (MOVED if not owned)
+        b = self.groups.get(gid)          # decided: the target, once its ACTIVATE applied here
+        return b is None or b.sm.owned.owns(slot)
+
+    async def _wait_serving(self, slot: int) -> None:
+        """Park while `slot` is frozen by a move or not yet activated here (module doc)."""
+        if self._slot_ready(slot):
+            return
+        if self.parked >= MAX_PARKED:
+            raise EngineError(try_again_message())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PARK_S
+        self.parked += 1
+        try:
+            while not self._slot_ready(slot):
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise EngineError(try_again_message())
+                try:
+                    await asyncio.wait_for(self._map_changed.wait(), min(left, PARK_POLL_S))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self.parked -= 1
 
     # -- routing ---------------------------------------------------------------------------
     def group_of_slot(self, slot: int) -> int:
@@ -159,10 +216,36 @@ class ShardedBackend(Backend):
                 raise CommandError(CROSSSLOT)      # one submit is one record of one group
             slot, keyed = keys_slot, True
         if keyed:
+            await self._wait_serving(slot)
             b = self._backend_for_slot(slot)
             results = await self._on(b, slot, lambda b: b.submit(requests))
+            if any(_frozen(r) for r in results):
+                results = await self._retry_frozen(slot, requests, results)
             return [self._redirected(r) for r in results]
         return await self._submit_keyless(requests)
+
+    async def _retry_frozen(self, slot: int, requests: tuple, results: list) -> list:
+        """The group's fsm answered "frozen" (its seal applied before this node's map showed
+        the move): those requests changed nothing and are not in the at-most-once table,
+        so they are parked like any request to a moving slot and sent again, wherever the
+        map then says, until PARK_S is spent. What is still frozen then stays -TRYAGAIN."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PARK_S
+        results = list(results)
+        while loop.time() < deadline:
+            frozen = [i for i, r in enumerate(results) if _frozen(r)]
+            if not frozen:
+                break
+            await asyncio.sleep(PARK_POLL_S)       # the seal is there: the map is on its way
+            try:
+                await self._wait_serving(slot)
+                b = self._backend_for_slot(slot)
+            except (EngineError, NotLeader):
+                break                              # parked too long, or now served elsewhere
+            again = await self._on(b, slot, lambda b: b.submit([requests[i] for i in frozen]))
+            for i, r in zip(frozen, again):
+                results[i] = r
+        return results
 
     async def _submit_keyless(self, requests: tuple) -> list:
         targets = self._keyless_targets()
@@ -189,6 +272,7 @@ class ShardedBackend(Backend):
     async def read(self, argv, linearizable: bool = True):
         if bytes(argv[0]).lower() in _SLOT_READS:
             slot = int(argv[1])            # cluster_cmds.slot_read validated it (0..16383)
+            await self._wait_serving(slot)
             return await self._on(self._backend_for_slot(slot), slot, lambda b: b.read(argv, linearizable))
         try:
             spec = lookup([bytes(a) for a in argv])
@@ -197,8 +281,10 @@ class ShardedBackend(Backend):
         keys = command_keys(spec, argv)
         if keys:
             slot = self._slot_of_keys(keys)
+            await self._wait_serving(slot)
             b = self._backend_for_slot(slot)
-            return await self._on(b, slot, lambda b: b.read(argv, linearizable))
+            # The fsm refuses reads of slots it no longer owns (a move released them): MOVED.
+            return self._redirected(await self._on(b, slot, lambda b: b.read(argv, linearizable)))
         targets = self._keyless_targets(linearizable)
         name = spec.name
         if name == "scan":
@@ -297,7 +383,7 @@ class ShardedBackend(Backend):
             if shard is None:
                 shard = self._static_shard(ranges, spec)
             if shard is not None:
-                out.append(shard)
+                out.append(dataclasses.replace(shard, epoch=self.slot_map.epoch))
         return out
 
     def _static_shard(self, ranges: tuple, spec) -> Optional[Shard]:

@@ -5,6 +5,8 @@
                                unknown is recorded in `maybe`, never re-sent (RedisCluster's
                                default re-sends after a connection error: a possible duplicate)
     ClusterProducer.view(key)  the .acked / .maybe of one stream, for harness.check_stream
+    ClusterConn                harness.LeaderConn's call() over RedisCluster (harness.Consumer's conn)
+    wait_settled(cluster)      the layout once every group is led by its preferred node
     group_lines(node)          INFO raft's per-group lines, {group: {...}}, or None
     wait_groups_caught_up(...) every node applied its group leader's commit index, per group
 """
@@ -14,11 +16,25 @@ import types
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
+from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, TryAgainError
 from redis.retry import Retry
 
 from tests.cluster.conftest import wait_until
 from tests.cluster.harness import FAILOVER_BUDGET_S, RETRY_PREFIXES, Worker, raft_info
+
+
+def cluster_client(cluster, socket_timeout: float):
+    """A RedisCluster (its own retries off) seeded by the first running node that answers, or None."""
+    for n in cluster.nodes.values():
+        if not n.running():
+            continue
+        host, port = n.resp.rsplit(":", 1)
+        try:
+            return RedisCluster(host=host, port=int(port), socket_timeout=socket_timeout, socket_connect_timeout=1,
+                                retry=Retry(NoBackoff(), 0), decode_responses=True)
+        except (RedisClusterException, redis.RedisError, OSError):
+            continue              # this seed is restarting: the next one
+    return None
 
 
 class ClusterProducer(Worker):
@@ -43,16 +59,7 @@ class ClusterProducer(Worker):
 
     def _client(self) -> RedisCluster:
         if self.rc is None:
-            for n in self.cluster.nodes.values():
-                if not n.running():
-                    continue
-                host, port = n.resp.rsplit(":", 1)
-                try:
-                    self.rc = RedisCluster(host=host, port=int(port), socket_timeout=3, socket_connect_timeout=1,
-                                           retry=Retry(NoBackoff(), 0), decode_responses=True)
-                    break
-                except (RedisClusterException, redis.RedisError, OSError):
-                    continue              # this seed is restarting: the next one
+            self.rc = cluster_client(self.cluster, 3)
         return self.rc
 
     def _drop(self):
@@ -127,3 +134,67 @@ def wait_groups_caught_up(cluster, groups, timeout: float = 60.0) -> dict:
             out[g] = leads[0]["commit_index"]
         return out
     return wait_until(same, timeout, "every node to apply each group's commit index")
+
+
+class ClusterConn:
+    """harness.LeaderConn's call() over redis-py RedisCluster (its own retries off), for
+    harness.Consumer on a sharded cluster: "nothing was done" replies (TRYAGAIN of a moving
+    slot, CLUSTERDOWN, NOTLEADER, ...) are re-sent within FAILOVER_BUDGET_S; a write whose
+    reply was lost raises harness.Unknown."""
+
+    def __init__(self, cluster, name: str):
+        self.cluster, self.name = cluster, name
+        self.rc = None
+        self.retried = 0
+
+    def _client(self):
+        if self.rc is None:
+            self.rc = cluster_client(self.cluster, 5)
+        return self.rc
+
+    def close(self):
+        if self.rc is not None:
+            self.rc.close()
+        self.rc = None
+
+    def call(self, method: str, *args, write: bool = False, **kw):
+        from tests.cluster.harness import NoLeader, Unknown
+        deadline = time.monotonic() + FAILOVER_BUDGET_S
+        while True:
+            rc = self._client()
+            if rc is not None:
+                try:
+                    return getattr(rc, method)(*args, **kw)
+                except (TryAgainError, ClusterDownError, ClusterError):
+                    self.close()          # ClusterError: "TTL exhausted", only after redirects
+                except redis.ResponseError as e:
+                    word = str(e).split(" ", 1)[0]
+                    if word == "UNKNOWNOUTCOME":
+                        self.close()
+                        raise Unknown("%s: %s" % (method, e)) from e
+                    if word not in RETRY_PREFIXES:
+                        raise
+                    self.close()
+                except (redis.RedisError, RedisClusterException, OSError) as e:
+                    self.close()
+                    if write:
+                        raise Unknown("%s: %r" % (method, e)) from e
+                self.retried += 1
+            if time.monotonic() >= deadline:
+                raise NoLeader("%s: no answer for %.0fs" % (self.name, FAILOVER_BUDGET_S))
+            time.sleep(0.05)
+
+
+def wait_settled(cluster, timeout: float = 60.0):
+    """The layout once every group is led by its preferred node: the leader balancers' first
+    hand-overs are over (a write during one is refused UNAVAILABLE)."""
+    from xraft.client import errors, sync
+
+    def settled():
+        try:
+            layout = c.cluster_layout()
+        except errors.XRaftError:
+            return None
+        return layout if all(g.leader and g.leader == g.preferred_leader for g in layout.groups) else None
+    with sync.Client([n.grpc for n in cluster.nodes.values()], timeout=20) as c:
+        return wait_until(settled, timeout, "every group led by its preferred node")

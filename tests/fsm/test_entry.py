@@ -107,7 +107,7 @@ GOOD = _head() + _req() + _cmd(b"PING")
     (_head(nreq=2) + _req() + _cmd(b"PING"), "request count"),
     (_head(nreq=E.MAX_REQUESTS + 1) + (_req() + _cmd(b"P")) * 2, "request count"),
     (_head() + _req(kind=0) + _cmd(b"PING"), "kind"),
-    (_head() + _req(kind=8) + _cmd(b"PING"), "kind"),
+    (_head() + _req(kind=9) + _cmd(b"PING"), "kind"),
     (_head() + _req(kind=6) + _cmd(b"PING"), "REGISTER"),
     (_head() + _req(cid=0, seq=0, kind=6, ncmd=0), "REGISTER"),
     (_head() + _req(cid=5, seq=1, kind=6, ncmd=0), "REGISTER"),

@@ -290,7 +290,7 @@ def _reseal(body: bytes) -> bytes:
     (lambda b: b[:26] + _sess_head(timeout=0) + b[54:], "sessions: session timeout"),
     (lambda b: b[:26] + _sess_head(version=3) + b[54:], "sessions: unsupported sessions version"),
     (lambda b: b[:26] + _sess_head(nclients=1025) + b[54:], "sessions: bad client count"),
-    (lambda b: b[:26] + b"\x00\x00" + b[28:], "form that snapshot version 4"),
+    (lambda b: b[:26] + b"\x00\x00" + b[28:], "form that snapshot version 5"),
     (lambda b: b[:4] + b"\x00\x01" + b[6:], "form that snapshot version 1"),
 ])
 def test_checks_behind_the_snapshot_checksum(edit, why):

@@ -175,8 +175,9 @@ def _pre_watch_snapshot(sm) -> bytes:
     ver_at = head + sess_len
     ver_len = struct.unpack_from(">I", body, ver_at)[0]
     own_at = ver_at + 4 + ver_len             # version 4's owned slots: empty (every slot) here
-    assert body[own_at:own_at + 4] == b"\x00\x00\x00\x00"
-    body = body[:4] + b"\x00\x02" + body[6:ver_at] + body[own_at + 4:]
+    # version 5's slot moves follow: empty (no move) here too
+    assert body[own_at:own_at + 8] == b"\x00" * 8
+    body = body[:4] + b"\x00\x02" + body[6:ver_at] + body[own_at + 8:]
     return body + struct.pack(">I", zlib.crc32(body))
 
 

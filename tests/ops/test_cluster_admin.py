@@ -1,7 +1,7 @@
-"""xraftctl leader transfer / rebalance: rendering and the refusals that need no cluster."""
+"""xraftctl leader transfer / rebalance / slots move: rendering and the refusals that need no cluster."""
 from click.testing import CliRunner
 
-from xraft.ops import cli, cluster_admin
+from xraft.ops import cli, cluster_admin, rebalance_cli
 
 PLAN = {"epoch": 4, "node_id": 2,
         "slot_moves": [{"first": 5000, "last": 5099, "slots": 100, "from_group": 1, "to_group": 3},
@@ -18,7 +18,7 @@ def test_plan_text_lists_moves_and_leader_changes():
         "  slots 9000-9000 (1): group 2 -> group 3",
         "preferred leaders:",
         "  group 3: node 1 -> node 2",
-        "dry run: nothing was applied (slot moves need the metadata group, not built yet)"]
+        "dry run: nothing was applied (`xraftctl rebalance` without --dry-run applies it)"]
 
 
 def test_an_empty_plan_says_the_cluster_is_balanced():
@@ -35,10 +35,28 @@ def test_transfer_text():
         "group 2 is now led by node 3 (term 7)"
 
 
-def test_rebalance_without_dry_run_refuses_before_connecting():
-    r = CliRunner().invoke(cli.main, ["rebalance", "--seed", "127.0.0.1:1"])
-    assert r.exit_code == 1
-    assert "slot moves need the metadata group, not built yet" in r.output and "nothing was changed" in r.output
+def test_rebalance_text_lists_the_applied_steps():
+    result = {"result": "failed", "reason": "slots 5000-5099: move aborted timeout", "epoch": 9, "steps": [
+        {"kind": "preferred_leader", "group": 3, "from_node": 1, "to_node": 2, "epoch": 5},
+        {"kind": "slot_move", "first": 5000, "last": 5099, "from_group": 1, "to_group": 3, "result": "aborted",
+         "move_s": 61.5}]}
+    assert rebalance_cli.text(result).splitlines() == [
+        "group 3: preferred leader node 1 -> node 2 (epoch 5)",
+        "slots 5000-5099: group 1 -> group 3: aborted in 61.50s",
+        "NOT balanced: slots 5000-5099: move aborted timeout"]
+    assert rebalance_cli.text(dict(result, result="balanced", steps=[])) == \
+        "balanced at epoch 9 (0 change(s) applied)"
+
+
+def test_rebalance_without_a_node_fails_with_the_reason():
+    r = CliRunner().invoke(cli.main, ["rebalance", "--seed", "127.0.0.1:1", "--timeout", "0.5"])
+    assert r.exit_code == 1 and "rebalance failed" in r.output
+
+
+def test_slots_move_checks_the_range_before_connecting():
+    for bad in ("200-100", "x", "0-16384"):
+        r = CliRunner().invoke(cli.main, ["slots", "move", "--seed", "127.0.0.1:1", "--slots", bad, "--to-group", "2"])
+        assert r.exit_code == 1 and "--slots" in r.output, r.output
 
 
 def test_leader_transfer_needs_group_and_target():

@@ -1,0 +1,262 @@
+"""Applying the SLOT_MOVE records (slot_moves.py has the state and the rules; the contract is
+docs/slot-move-steps.md). `apply_move(sm, argv, index, now)` -> the record's result: OK, an
+integer, or MoveRefused (nothing changed). Deterministic: reads only the fsm state and argv.
+"""
+from __future__ import annotations
+
+from ..engine.dump import CorruptDump, load_records
+from ..engine.replies import OK
+from ..engine.slots import SLOT_COUNT, key_slot
+from .sessions import CorruptSessions, Sessions
+from .slot_moves import (_CURSOR, DIGEST_BYTES, END, KEYS_DONE, MAX_EPOCH, PURGE_BATCH, MoveId, MoveRefused,
+                         Phase, Staging, _PHASE_WORDS, _position, decode_cursor, encode_cursor, with_slots)
+
+OPS = (b"SEAL", b"UNSEAL", b"STAGE", b"DROP_STAGING", b"ACTIVATE", b"RELEASE", b"PURGE")
+_ARGC = {b"STAGE": 9, b"ACTIVATE": 5}           # every other op: 4 (op first last epoch)
+MAX_NOW = (1 << 63) - 1
+
+
+def _int(raw: bytes, hi: int):
+    raw = bytes(raw)
+    if not (raw.isdigit() and raw.isascii() and len(raw) <= 19 and (raw == b"0" or raw[:1] != b"0")):
+        return None
+    v = int(raw)
+    return v if v <= hi else None
+
+
+def parse_move(argv):
+    """(op, MoveId) of a SLOT_MOVE argv, or a MoveRefused saying what is malformed."""
+    op = bytes(argv[0]).upper() if argv else b""
+    if op not in OPS or len(argv) != _ARGC.get(op, 4):
+        return MoveRefused(None, "bad SLOT_MOVE record (%r, %d arguments)" % (op[:16], len(argv)))
+    first, last, epoch = _int(argv[1], SLOT_COUNT - 1), _int(argv[2], SLOT_COUNT - 1), _int(argv[3], MAX_EPOCH)
+    if first is None or last is None or epoch is None or first > last or epoch == 0:
+        return MoveRefused(None, "bad SLOT_MOVE record: slots or epoch out of range")
+    return op, MoveId(first, last, epoch)
+
+
+def move_argv(op, m: MoveId, *args) -> tuple:
+    """The SLOT_MOVE argv of `op` (str or bytes) for move m."""
+    op = op.encode() if isinstance(op, str) else bytes(op)
+    return (op, b"%d" % m.first, b"%d" % m.last, b"%d" % m.started_epoch) + tuple(args)
+
+
+def apply_move(sm, argv, index: int, now: int):
+    parsed = parse_move(argv)
+    if isinstance(parsed, MoveRefused):
+        return parsed
+    op, m = parsed
+    moves = sm.moves
+    phase = moves.phase(m)
+    if phase is None:
+        stale = moves._stale(m)
+        if stale is not None:
+            return stale
+    return _OPS[op](sm, m, phase, argv, index, now)
+
+
+def _wrong(m: MoveId, phase) -> MoveRefused:
+    if phase is None:
+        return MoveRefused(m, "move %s is not sealed here" % m)
+    return MoveRefused(m, "move %s was %s here" % (m, _PHASE_WORDS[phase]) if phase in (
+        Phase.UNSEALED, Phase.DROPPED, Phase.RELEASED, Phase.PURGED) else
+        "move %s is %s here" % (m, _PHASE_WORDS[phase]))
+
+
+def _wake(sm, m: MoveId) -> None:
+    """Blocked clients on keys of the slots re-run (and meet the seal, or MOVED)."""
+    ks = sm.keyspace
+    for s in range(m.first, m.last + 1):
+        keys = ks.slot_keys.get(s)
+        if keys:
+            ks.ready.update(keys)
+
+
+def _seal(sm, m, phase, argv, index, now):
+    if phase is Phase.SEALED:
+        return OK
+    if phase is not None:
+        return _wrong(m, phase)
+    for s in range(m.first, m.last + 1):
+        if not sm.owned.owns(s):
+            return MoveRefused(m, "group does not own slot %d" % s)
+        if sm.moves.sealed[s]:
+            return MoveRefused(m, "slot %d is sealed by another move" % s)
+    sm.moves._begin(m, Phase.SEALED)
+    sm.moves._reseal()
+    _wake(sm, m)
+    return OK
+
+
+def _unseal(sm, m, phase, argv, index, now):
+    if phase is Phase.UNSEALED:
+        return OK
+    if phase is None:
+        sm.moves._begin(m, Phase.UNSEALED)           # a tombstone: a late SEAL is refused
+        return OK
+    if phase is not Phase.SEALED:
+        return _wrong(m, phase)
+    sm.moves._set(m, Phase.UNSEALED)
+    sm.moves._reseal()
+    _wake(sm, m)
+    return OK
+
+
+def _stage(sm, m, phase, argv, index, now):
+    before, after, floor, chunk, sessions = (bytes(a) for a in argv[4:9])
+    floor = _int(floor, MAX_NOW)
+    if len(before) != _CURSOR.size or len(after) != _CURSOR.size or floor is None or not before < after:
+        return MoveRefused(m, "bad STAGE record for move %s (cursors or time)" % m)
+    if phase is None:
+        for s in range(m.first, m.last + 1):
+            if sm.owned.owns(s):
+                return MoveRefused(m, "group owns slot %d" % s)
+        st = Staging(encode_cursor(m.first, 0))
+    elif phase is Phase.STAGING:
+        st = sm.moves.staging[m]
+    else:
+        return _wrong(m, phase)
+    if after <= st.cursor:
+        return len(st.records)                       # this chunk is staged already
+    if before != st.cursor:
+        return MoveRefused(m, "staging of move %s is at cursor %s, chunk starts at %s"
+                           % (m, st.cursor.hex(), before.hex()))
+    problem = _check_chunk(m, st, before, after, chunk, sessions, now)
+    if problem is not None:
+        return MoveRefused(m, "bad chunk for move %s: %s" % (m, problem))
+    if phase is None:
+        sm.moves._begin(m, Phase.STAGING)
+        sm.moves.staging[m] = st
+    for key, _, raw in load_records(chunk):
+        st.records[key] = raw
+    if sessions:
+        st.sessions = sessions
+    st.cursor = after
+    st.floor_ms = max(st.floor_ms, floor)
+    # Idle times never go backwards at B: its replicated time is at least A's at export.
+    sm.last_now_ms = max(sm.last_now_ms, floor)
+    return len(st.records)
+
+
+def _check_chunk(m, st, before, after, chunk, sessions, now):
+    try:
+        recs = load_records(chunk)
+    except CorruptDump as e:
+        return str(e)
+    last = next(reversed(st.records)) if st.records else None
+    prev = _position(last) if last is not None else None
+    lo_slot = decode_cursor(before)[0]
+    hi_slot = m.last if after in (END, KEYS_DONE) else decode_cursor(after)[0]
+    for key, _, _ in recs:
+        pos = _position(key)
+        if not (m.first <= pos[0] <= m.last and lo_slot <= pos[0] <= hi_slot):
+            return "key of slot %d outside the chunk's slots" % pos[0]
+        if prev is not None and pos <= prev:
+            return "keys out of order"
+        prev = pos
+    if sessions:
+        if after != END:
+            return "a session table before the last chunk"
+        try:
+            Sessions.decode(sessions, now)
+        except CorruptSessions as e:
+            return "session table: %s" % e
+    return None
+
+
+def _drop(sm, m, phase, argv, index, now):
+    if phase is Phase.DROPPED:
+        return OK
+    if phase is None:
+        sm.moves._begin(m, Phase.DROPPED)            # a tombstone: a late STAGE is refused
+        return OK
+    if phase is not Phase.STAGING:
+        return _wrong(m, phase)
+    del sm.moves.staging[m]
+    sm.moves._set(m, Phase.DROPPED)
+    return OK
+
+
+def _activate(sm, m, phase, argv, index, now):
+    digest = bytes(argv[4])
+    if len(digest) != DIGEST_BYTES:
+        return MoveRefused(m, "a digest is %d bytes" % DIGEST_BYTES)
+    if phase is Phase.ACTIVE:
+        return OK
+    if phase is not Phase.STAGING:
+        return MoveRefused(m, "move %s has no staging here" % m) if phase is None else _wrong(m, phase)
+    st = sm.moves.staging[m]
+    if st.cursor != END:
+        return MoveRefused(m, "staging of move %s is not complete" % m)
+    staged = st.digest()
+    if staged != digest:
+        return MoveRefused(m, "digest mismatch for move %s (staged %s, asked %s)" % (m, staged.hex(), digest.hex()))
+    ks = sm.keyspace
+    for s in range(m.first, m.last + 1):             # leftovers of an earlier move away, not yet purged
+        for key in list(ks.slot_keys.get(s, ())):
+            ks.delete(key)
+    for raw in st.records.values():
+        (key, value, _), = load_records(raw)
+        ks.set(key, value)
+        sm.versions.touch(key, index)
+    if st.sessions:
+        sm.sessions.merge(Sessions.decode(st.sessions, sm.last_now_ms), now)
+    sm.last_now_ms = max(sm.last_now_ms, st.floor_ms)
+    sm.owned = with_slots(sm.owned, m.first, m.last, True)
+    del sm.moves.staging[m]
+    sm.moves._set(m, Phase.ACTIVE)
+    return OK
+
+
+def _purge_some(sm, m) -> int:
+    """Delete up to PURGE_BATCH keys of the slots no longer owned; how many are left."""
+    ks, budget, left = sm.keyspace, PURGE_BATCH, 0
+    for s in range(m.first, m.last + 1):
+        if sm.owned.owns(s):
+            continue
+        keys = ks.slot_keys.get(s)
+        if not keys:
+            continue
+        if budget:
+            doomed = list(keys)[:budget]
+            budget -= len(doomed)
+            for key in doomed:
+                ks.delete(key)
+        left += ks.count_keys_in_slot(s)
+    return left
+
+
+def _release(sm, m, phase, argv, index, now):
+    if phase is Phase.PURGED:
+        return 0
+    if phase is Phase.RELEASED:
+        return _purge(sm, m, phase, argv, index, now)
+    if phase is not Phase.SEALED:
+        return _wrong(m, phase)
+    _wake(sm, m)                                     # blocked clients: now MOVED
+    sm.owned = with_slots(sm.owned, m.first, m.last, False)
+    sm.moves._set(m, Phase.RELEASED)
+    sm.moves._reseal()
+    return _purge(sm, m, Phase.RELEASED, argv, index, now)
+
+
+def _purge(sm, m, phase, argv, index, now):
+    if phase is Phase.PURGED:
+        return 0
+    if phase is not Phase.RELEASED:
+        return _wrong(m, phase)
+    left = _purge_some(sm, m)
+    if not left:
+        sm.moves._set(m, Phase.PURGED)
+    return left
+
+
+_OPS = {b"SEAL": _seal, b"UNSEAL": _unseal, b"STAGE": _stage, b"DROP_STAGING": _drop,
+        b"ACTIVATE": _activate, b"RELEASE": _release, b"PURGE": _purge}
+
+
+def keys_of(sm, m: MoveId) -> int:
+    return sum(sm.keyspace.count_keys_in_slot(s) for s in range(m.first, m.last + 1))
+
+
+__all__ = ["apply_move", "parse_move", "move_argv", "key_slot", "keys_of"]
