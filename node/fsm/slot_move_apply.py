@@ -121,13 +121,13 @@ def _stage(sm, m, phase, argv, index, now):
     if before != st.cursor:
         return MoveRefused(m, "staging of move %s is at cursor %s, chunk starts at %s"
                            % (m, st.cursor.hex(), before.hex()))
-    problem = _check_chunk(m, st, before, after, chunk, sessions, now)
-    if problem is not None:
-        return MoveRefused(m, "bad chunk for move %s: %s" % (m, problem))
+    recs = _check_chunk(m, st, before, after, chunk, sessions, now)
+    if isinstance(recs, str):
+        return MoveRefused(m, "bad chunk for move %s: %s" % (m, recs))
     if phase is None:
         sm.moves._begin(m, Phase.STAGING)
         sm.moves.staging[m] = st
-    for key, _, raw in load_records(chunk):
+    for key, _, raw in recs:
         st.records[key] = raw
     if sessions:
         st.sessions = sessions
@@ -139,6 +139,7 @@ def _stage(sm, m, phase, argv, index, now):
 
 
 def _check_chunk(m, st, before, after, chunk, sessions, now):
+    """The chunk's [(key, value, record)], or what is wrong with it (a str)."""
     try:
         recs = load_records(chunk)
     except CorruptDump as e:
@@ -161,7 +162,7 @@ def _check_chunk(m, st, before, after, chunk, sessions, now):
             Sessions.decode(sessions, now)
         except CorruptSessions as e:
             return "session table: %s" % e
-    return None
+    return recs
 
 
 def _drop(sm, m, phase, argv, index, now):

@@ -228,3 +228,54 @@ def test_kill_9_of_the_source_and_target_leaders_between_steps(two_groups):
         n.wait_ready()
     r = rclient(c.nodes[1], 10)
     assert moved(r, "XLEN", keys[0])
+
+
+def _restart_with_failpoint(c, node, failpoint: str, group: int):
+    """kill -9 `node`, start it again with XRAFT_FAILPOINT set, and wait until it leads `group`
+    again (the leader balancer hands a group back to its preferred node)."""
+    node.proc.kill()
+    node.proc.wait()
+    c.env["XRAFT_FAILPOINT"] = failpoint
+    try:
+        node.start()
+    finally:
+        del c.env["XRAFT_FAILPOINT"]
+    node.wait_ready()
+    wait_until(lambda: group in led(node), 30, "node %d leading group %d again" % (node.id, group))
+
+
+def test_leaders_killed_by_failpoints_inside_a_step_and_the_step_still_completes(two_groups):
+    """Node 1 dies right after applying the SEAL it leads (before answering), node 2 right
+    after its 3rd STAGE: MoveSteps retries at the new leaders, and the idempotent records
+    make the retries harmless. Same final state as a move without crashes."""
+    c = two_groups
+    first, last, epoch = 900, 1000, 5
+    keys = keys_in(first, last, 3, "fp")
+    fill(rclient(c.nodes[1], 10), keys)
+    src, tgt = c.nodes[1], c.nodes[2]
+    _restart_with_failpoint(c, src, "after_seal_1", A)
+    _restart_with_failpoint(c, tgt, "after_stage_3", B)
+
+    async def go():
+        ms = steps_for(c)
+        try:
+            await ms.seal(A, first, last, epoch)
+            assert src.proc.wait(30) == -9                             # it died inside the step
+            src.start()                                                 # without the failpoint
+            src.wait_ready()
+            chunks = []
+            cursor, staged = await ms.copy(A, B, first, last, epoch, max_bytes=1500,
+                                           progress=lambda cur, n: chunks.append(n))
+            assert tgt.proc.wait(30) == -9 and len(chunks) > 3
+            assert (cursor, staged) == (END, 3)
+            digest = await ms.verify(A, B, first, last, epoch)
+            tgt.start()
+            await ms.activate(B, first, last, epoch, digest)
+            assert await ms.live_digest(B, first, last, epoch) == digest
+            await ms.release(A, first, last, epoch)
+        finally:
+            await ms.close()
+    run(go())
+    for n in (src, tgt):
+        n.wait_ready()
+    assert moved(rclient(c.nodes[3], 10), "XLEN", keys[0])
