@@ -37,7 +37,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..engine.dump import CorruptDump, dump_record, load_records
+from ..engine.dump import CorruptDump, load_records
 from ..engine.errors import EngineError
 from ..engine.slots import SLOT_COUNT, key_slot
 from .sessions import CorruptSessions, Sessions
@@ -51,7 +51,7 @@ MAX_SESSIONS_BYTES = 12 << 20      # A's session table in the last chunk (newest
 DIGEST_BYTES = 32
 MAX_EPOCH = (1 << 63) - 1
 
-_CURSOR = struct.Struct(">HI")     # slot, ordinal of the next key in that slot (key order)
+CURSOR = struct.Struct(">HI")     # slot, ordinal of the next key in that slot (key order)
 END = b"\xff" * 6                  # the copy is complete (sessions staged too)
 KEYS_DONE = b"\xff\xff\x00\x00\x00\x00"   # every key exported; the session table is next
 _ID = struct.Struct(">HHQ")
@@ -70,7 +70,7 @@ class Phase(enum.IntEnum):
 
 
 _TERMINAL = frozenset((Phase.UNSEALED, Phase.PURGED, Phase.DROPPED, Phase.ACTIVE))
-_PHASE_WORDS = {Phase.SEALED: "sealed", Phase.UNSEALED: "aborted", Phase.RELEASED: "released",
+PHASE_WORDS = {Phase.SEALED: "sealed", Phase.UNSEALED: "aborted", Phase.RELEASED: "released",
                 Phase.PURGED: "released", Phase.STAGING: "staging", Phase.DROPPED: "aborted",
                 Phase.ACTIVE: "active"}
 
@@ -121,13 +121,13 @@ def frozen_slot(result) -> Optional[int]:
 
 
 def encode_cursor(slot: int, ordinal: int) -> bytes:
-    return _CURSOR.pack(slot, ordinal)
+    return CURSOR.pack(slot, ordinal)
 
 
 def decode_cursor(raw: bytes) -> tuple:
-    if len(raw) != _CURSOR.size:
-        raise ValueError("a cursor is %d bytes" % _CURSOR.size)
-    return _CURSOR.unpack(raw)
+    if len(raw) != CURSOR.size:
+        raise ValueError("a cursor is %d bytes" % CURSOR.size)
+    return CURSOR.unpack(raw)
 
 
 @dataclass
@@ -149,7 +149,7 @@ def digest_of(records) -> bytes:
     return h.digest()
 
 
-def _position(key: bytes) -> tuple:
+def key_position(key: bytes) -> tuple:
     return key_slot(key), key
 
 
@@ -183,7 +183,7 @@ class SlotMoves:
     def phase(self, move: MoveId) -> Optional[Phase]:
         return self.moves.get(move)
 
-    def _reseal(self) -> None:
+    def reseal(self) -> None:
         self.sealed = bytearray(SLOT_COUNT)
         for m, ph in self.moves.items():
             if ph is Phase.SEALED:
@@ -191,7 +191,7 @@ class SlotMoves:
         self.any_sealed = any(ph is Phase.SEALED for ph in self.moves.values())
 
     # -- bookkeeping ------------------------------------------------------------------------
-    def _stale(self, m: MoveId) -> Optional[MoveRefused]:
+    def stale(self, m: MoveId) -> Optional[MoveRefused]:
         """Refusal of a record for move m that is older than what its slots saw, or of a
         finished move forgotten by id (its tombstone pruned)."""
         for s in range(m.first, m.last + 1):
@@ -200,7 +200,7 @@ class SlotMoves:
                 return MoveRefused(m, "stale move %s (slot %d is in move @%d)" % (m, s, e))
         return None
 
-    def _begin(self, m: MoveId, phase: Phase) -> None:
+    def begin(self, m: MoveId, phase: Phase) -> None:
         for s in range(m.first, m.last + 1):
             self.epochs[s] = m.started_epoch
         self.moves[m] = phase
@@ -208,7 +208,7 @@ class SlotMoves:
         for k in terminal[:max(0, len(terminal) - MAX_TOMBSTONES)]:
             del self.moves[k]
 
-    def _set(self, m: MoveId, phase: Phase) -> None:
+    def set_phase(self, m: MoveId, phase: Phase) -> None:
         self.moves[m] = phase            # keeps its begin order
 
     # -- encoding ---------------------------------------------------------------------------
@@ -289,7 +289,7 @@ class SlotMoves:
             raise CorruptMoves("%d trailing bytes" % (len(raw) - r.pos))
         if any(ph is Phase.STAGING and m not in out.staging for m, ph in out.moves.items()):
             raise CorruptMoves("a staging move without its staging")
-        out._reseal()
+        out.reseal()
         return out
 
 

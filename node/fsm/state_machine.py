@@ -74,7 +74,7 @@ from .sessions import MAGIC as SESSIONS_MAGIC
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
                        DEFAULT_SESSION_TIMEOUT_MS, CorruptSessions, Sessions)
 from .slot_move_apply import apply_move
-from .slot_moves import CorruptMoves, SlotFrozen, SlotMoves
+from .slot_moves import CorruptMoves, SlotMoves
 from .slot_owner import CorruptOwnedSlots, OwnedSlots, SlotNotOwned, spec_keys
 from .watch import CorruptVersions, KeyVersions, present_before
 from .xadd_batch import apply_xadd_batch
