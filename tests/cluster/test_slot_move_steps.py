@@ -6,6 +6,7 @@ slots to group 1: A's side is checked through RESP (TRYAGAIN while sealed, MOVED
 released), B's through the digest of what it serves (the same sha256 over the same dump
 records as A's manifest: streams with groups, PELs, consumers, lists, strings)."""
 import asyncio
+import threading
 
 import pytest
 from redis.exceptions import MovedError, TryAgainError
@@ -165,11 +166,23 @@ def test_abort_leaves_a_serving_and_b_without_staging(two_groups):
     first, last, epoch = 400, 450, 3
     keys, r = filled(c, first, last, "ab")
     before = views(r, keys[0])
+    woken = []
+
+    def blocked_read():
+        try:
+            woken.append(rclient(c.nodes[1], 60).xread({keys[0]: "$"}, block=0))
+        except TryAgainError as e:
+            woken.append(e)
+    reader = threading.Thread(target=blocked_read, daemon=True)
+    reader.start()
+    wait_until(lambda: r.info("clients")["blocked_clients"] >= 1, 30, "the reader blocked")
 
     async def go():
         ms = steps_for(c)
         try:
             await ms.seal(A, first, last, epoch)
+            reader.join(30)                                             # woken by the seal
+            assert len(woken) == 1 and isinstance(woken[0], TryAgainError), woken
             calls = []
 
             def stop_after_one(cur, n):
