@@ -136,10 +136,23 @@ class SlotMoveRpcs:
 
 # -- the caller side ----------------------------------------------------------------------------
 
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+
+
 def _default_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+
+
+def tls_channels(tls) -> Callable[[str], grpc.aio.Channel]:
+    """MoveSteps' `channel` for a node whose gRPC port serves TLS (runtime TlsConfig; None:
+    insecure): the same credentials and server name its peer links use."""
+    if tls is None:
+        return _default_channel
+    opts = list(_CHANNEL_OPTIONS)
+    if tls.server_name:
+        opts.append(("grpc.ssl_target_name_override", tls.server_name))
+    return lambda address: grpc.aio.secure_channel(address, tls.channel_credentials(), options=opts)
 
 
 class MoveSteps:
