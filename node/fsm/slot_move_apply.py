@@ -8,7 +8,8 @@ from ..engine.dump import CorruptDump, load_records
 from ..engine.replies import OK
 from ..engine.slots import SLOT_COUNT
 from .sessions import CorruptSessions, Sessions
-from .slot_moves import (CURSOR, DIGEST_BYTES, END, KEYS_DONE, MAX_EPOCH, PURGE_BATCH, MoveId, MoveRefused,
+from .slot_moves import (CURSOR, DIGEST_BYTES, END, KEYS_DONE, MAX_EPOCH, MAX_PARTIAL_BYTES, PURGE_BATCH, MoveId,
+                         MoveRefused,
                          Phase, Staging, PHASE_WORDS, key_position, decode_cursor, encode_cursor, with_slots)
 
 OPS = (b"SEAL", b"UNSEAL", b"STAGE", b"DROP_STAGING", b"ACTIVATE", b"RELEASE", b"PURGE")
@@ -127,12 +128,19 @@ def _stage(sm, m, phase, argv, index, now):
     if before != st.cursor:
         return MoveRefused(m, "staging of move %s is at cursor %s, chunk starts at %s"
                            % (m, st.cursor.hex(), before.hex()))
-    recs = _check_chunk(m, st, before, after, chunk, sessions, now)
-    if isinstance(recs, str):
-        return MoveRefused(m, "bad chunk for move %s: %s" % (m, recs))
+    partial = decode_cursor(after)[2] if after not in (END, KEYS_DONE) else 0
+    if partial:                                      # a piece of a record larger than a chunk
+        if len(st.partial) + len(chunk) != partial or partial > MAX_PARTIAL_BYTES or sessions:
+            return MoveRefused(m, "bad chunk for move %s: a piece that does not end at its cursor" % m)
+        recs = []
+    else:
+        recs = _check_chunk(m, st, before, after, st.partial + chunk, sessions, now)
+        if isinstance(recs, str):
+            return MoveRefused(m, "bad chunk for move %s: %s" % (m, recs))
     if phase is None:
         sm.moves.begin(m, Phase.STAGING)
         sm.moves.staging[m] = st
+    st.partial = st.partial + chunk if partial else b""
     for key, _, raw in recs:
         st.records[key] = raw
     if sessions:

@@ -46,14 +46,17 @@ from .slot_owner import BITMAP_BYTES, OwnedSlots, request_keys
 PURGE_BATCH = 1000                 # keys one RELEASE or PURGE record deletes
 MAX_TOMBSTONES = 1024              # finished moves remembered by id (epochs refuse older ones)
 MAX_CHUNK_BYTES = 4 << 20          # one export chunk (gRPC messages are 16 MiB)
-MAX_RECORD_BYTES = 60 << 20        # one key's record: it must fit a log record (64 MiB) alone
-MAX_SESSIONS_BYTES = 12 << 20      # A's session table in the last chunk (newest clients kept)
+MAX_PARTIAL_BYTES = (1 << 32) - 1  # one key's record staged in pieces (a dump payload is < 4 GiB)
+MAX_SESSIONS_BYTES = MAX_CHUNK_BYTES   # A's session table in the last chunk (newest clients kept);
+                                       # a STAGE must fit a proposal (8 MiB by default)
 DIGEST_BYTES = 32
 MAX_EPOCH = (1 << 63) - 1
 
-CURSOR = struct.Struct(">HI")     # slot, ordinal of the next key in that slot (key order)
-END = b"\xff" * 6                  # the copy is complete (sessions staged too)
-KEYS_DONE = b"\xff\xff\x00\x00\x00\x00"   # every key exported; the session table is next
+# slot, ordinal of the next key in that slot (key order), bytes of that key's record already
+# sent (a record larger than a chunk travels in pieces, each a chunk of its own)
+CURSOR = struct.Struct(">HII")
+END = b"\xff" * CURSOR.size                       # the copy is complete (sessions staged too)
+KEYS_DONE = b"\xff\xff" + b"\x00" * (CURSOR.size - 2)   # every key exported; the sessions are next
 _ID = struct.Struct(">HHQ")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -120,8 +123,8 @@ def frozen_slot(result) -> Optional[int]:
     return None
 
 
-def encode_cursor(slot: int, ordinal: int) -> bytes:
-    return CURSOR.pack(slot, ordinal)
+def encode_cursor(slot: int, ordinal: int, offset: int = 0) -> bytes:
+    return CURSOR.pack(slot, ordinal, offset)
 
 
 def decode_cursor(raw: bytes) -> tuple:
@@ -134,6 +137,7 @@ def decode_cursor(raw: bytes) -> tuple:
 class Staging:
     cursor: bytes                                  # where the next chunk starts
     records: dict = field(default_factory=dict)    # key -> record bytes, in (slot, key) order
+    partial: bytes = b""                           # the pieces so far of a record larger than a chunk
     floor_ms: int = 0                              # A's applied time at export (largest seen)
     sessions: bytes = b""                          # A's encoded session table (from the last chunk)
 
@@ -236,7 +240,7 @@ class SlotMoves:
                     _U32.pack(len(st.records))]
             for raw in st.records.values():
                 out += [_U32.pack(len(raw)), raw]
-            out += [_U32.pack(len(st.sessions)), st.sessions]
+            out += [_U32.pack(len(st.partial)), st.partial, _U32.pack(len(st.sessions)), st.sessions]
         return b"".join(out)
 
     @classmethod
@@ -264,11 +268,11 @@ class SlotMoves:
             if m in out.moves or any(out.epochs[s] < m.started_epoch for s in range(m.first, m.last + 1)):
                 raise CorruptMoves("move %s repeated or above its slots' epochs" % m)
             out.moves[m] = ph
-        for _ in range(r.count(_ID.size + 6 + 8 + 4 + 4)):
+        for _ in range(r.count(_ID.size + CURSOR.size + 8 + 4 + 4 + 4)):
             m = _move_id(*r.unpack(_ID))
             if out.moves.get(m) is not Phase.STAGING or m in out.staging:
                 raise CorruptMoves("staging of move %s that is not staging" % m)
-            st = Staging(r.take(6), floor_ms=r.unpack(_U64)[0])
+            st = Staging(r.take(CURSOR.size), floor_ms=r.unpack(_U64)[0])
             for _ in range(r.count(4)):
                 rec = r.take(r.unpack(_U32)[0])
                 try:
@@ -278,6 +282,10 @@ class SlotMoves:
                 if key in st.records:
                     raise CorruptMoves("staging of move %s repeats a key" % m)
                 st.records[key] = rec
+            st.partial = r.take(r.unpack(_U32)[0])
+            if len(st.partial) != (0 if st.cursor == END else CURSOR.unpack(st.cursor)[2]):
+                raise CorruptMoves("staging of move %s: a partial record of %d bytes at cursor %s"
+                                   % (m, len(st.partial), st.cursor.hex()))
             st.sessions = r.take(r.unpack(_U32)[0])
             if st.sessions:
                 try:

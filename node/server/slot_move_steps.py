@@ -248,7 +248,7 @@ class MoveSteps:
         cursor = at or encode_cursor(first, 0)
         while cursor != END:
             exp = await self._call("EXPORT", source_group, m, cursor=cursor, max_bytes=max_bytes)
-            if len(exp.next_cursor) != len(END) or exp.next_cursor <= cursor:
+            if len(exp.next_cursor) != len(END) or exp.next_cursor <= cursor or len(exp.chunk) > max_bytes:
                 raise MoveStepRefused("group %d answered EXPORT with a bad cursor %r" % (source_group,
                                                                                          exp.next_cursor[:16]))
             try:

@@ -359,3 +359,34 @@ def test_a_damaged_moves_section_is_corrupt(cut):
     bad = body[:pos] + struct.pack(">I", len(bad_moves)) + bad_moves + body[pos + 4 + mv_len:]
     with pytest.raises(CorruptSnapshot, match="slot moves"):
         StateMachine().restore(bad + struct.pack(">I", zlib.crc32(bad)))
+
+
+def test_a_key_larger_than_a_chunk_travels_in_pieces_and_survives_a_snapshot_mid_key():
+    a, b = group_a(), group_b()
+    fill(a)
+    big = MOVING[3]
+    cmd(a, "DEL %s" % big)
+    for i in range(1, 2001):
+        cmd(a, "XADD %s %d-0 field value-%d" % (big, i, i))
+    before = [a.read(argv("XINFO STREAM %s FULL" % big), NOW), a.read(argv("XRANGE %s - +" % big), NOW)]
+    step(a, "SEAL")
+    cursor, pieces, restored = encode_cursor(M.first, 0), 0, False
+    while cursor != END:
+        records, nxt, _, sessions = export_chunk(a, M, cursor, 1000)
+        assert len(records) <= 1000
+        if nxt[6:] != b"\x00\x00\x00\x00" and nxt != END:
+            pieces += 1                                # a piece of the big key
+            if pieces == 3:
+                assert "at cursor" in step(b, "STAGE", nxt, nxt[:6] + b"\x00\x00\x10\x00", b"0", b"x", b"").message
+        assert step(b, "STAGE", cursor, nxt, b"%d" % NOW, records, sessions) >= 0
+        assert step(b, "STAGE", cursor, nxt, b"%d" % NOW, records, sessions) >= 0    # replayed: no-op
+        if pieces == 5 and not restored:              # a snapshot with half a record staged
+            assert b.moves.staging[M].partial
+            copy = StateMachine()
+            copy.restore(b.snapshot())
+            assert copy.snapshot() == b.snapshot()
+            b, restored = copy, True
+        cursor = nxt
+    assert pieces > 5 and restored
+    assert step(b, "ACTIVATE", manifest(a, M)) == OK
+    assert [b.read(argv("XINFO STREAM %s FULL" % big), NOW), b.read(argv("XRANGE %s - +" % big), NOW)] == before
