@@ -214,17 +214,17 @@ class MoveSteps:
                     return resp
                 why = resp.unavailable or "not the leader (%s)" % target
             attempt += 1
-            if resp is not None and resp.leader_grpc and resp.leader_grpc != target:
-                target = resp.leader_grpc                     # follow at once
-            else:
-                target = candidates[attempt % len(candidates)]
-                if loop.time() >= deadline:
-                    raise MoveStepUnavailable("%s at group %d: no leader answered within %.0fs (%s)"
-                                              % (op, group, self.step_timeout_s, why))
-                await asyncio.sleep(min(RETRY_S[1], RETRY_S[0] * (2 ** min(attempt, 5))))
             if loop.time() >= deadline:
                 raise MoveStepUnavailable("%s at group %d: no leader answered within %.0fs (%s)"
                                           % (op, group, self.step_timeout_s, why))
+            if resp is not None and resp.leader_grpc and resp.leader_grpc != target:
+                target = resp.leader_grpc
+                if attempt <= len(candidates):
+                    continue                                  # follow a fresh redirect at once
+            else:
+                target = candidates[attempt % len(candidates)]
+            # Stale hints bouncing between nodes, an election, a node down: back off a little.
+            await asyncio.sleep(min(RETRY_S[1], RETRY_S[0] * (2 ** min(attempt, 5))))
 
     # -- the steps ------------------------------------------------------------------------------
     async def seal(self, source_group: int, first: int, last: int, started_epoch: int) -> None:
