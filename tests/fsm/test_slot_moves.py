@@ -462,3 +462,16 @@ def _random_run(seed) -> set:
         reached |= set(r1.moves.moves.values())
     assert r1.snapshot() == r2.snapshot()
     return reached
+
+
+def test_a_request_refused_as_not_owned_runs_under_the_same_id_once_a_move_brought_the_slot():
+    a, b = group_a(), group_b()
+    fill(a)
+    assert apply(b, Request.register(9))[0] == OK
+    # Routed to B before its ACTIVATE applied (the map flipped first): MOVED, not remembered.
+    assert not_owned_slot(cmd(b, "RPUSH %s z" % MOVING[1], cid=9, seq=1)) == key_slot(MOVING[1].encode())
+    step(a, "SEAL")
+    copy_all(a, b)
+    step(b, "ACTIVATE", manifest(a, M))
+    assert cmd(b, "RPUSH %s z" % MOVING[1], cid=9, seq=1) == 4
+    assert cmd(b, "RPUSH %s z" % MOVING[1], cid=9, seq=1) == 4       # now remembered
