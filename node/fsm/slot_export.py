@@ -8,7 +8,7 @@ stable because A is sealed, so the keys of those slots cannot change between chu
 from __future__ import annotations
 
 from ..engine.dump import dump_record
-from .slot_moves import (END, KEYS_DONE, MAX_CHUNK_BYTES, MAX_RECORD_BYTES, MAX_SESSIONS_BYTES, MoveId, MoveRefused,
+from .slot_moves import (END, KEYS_DONE, MAX_CHUNK_BYTES, MAX_SESSIONS_BYTES, MoveId, MoveRefused,
                          Phase, decode_cursor, digest_of, encode_cursor)
 
 
@@ -33,7 +33,7 @@ def export_chunk(sm, m: MoveId, cursor: bytes, max_bytes: int) -> tuple:
     if cursor == KEYS_DONE:
         return b"", END, True, session_table(sm)
     try:
-        slot, ordinal = decode_cursor(cursor)
+        slot, ordinal, offset = decode_cursor(cursor)
     except ValueError as e:
         raise MoveRefused(m, "bad cursor: %s" % e) from None
     if not m.first <= slot <= m.last:
@@ -44,9 +44,17 @@ def export_chunk(sm, m: MoveId, cursor: bytes, max_bytes: int) -> tuple:
         while ordinal < len(keys):
             key = keys[ordinal]
             raw = dump_record(key, sm.keyspace.data[key])
-            if len(raw) > MAX_RECORD_BYTES:
-                raise MoveRefused(m, "key %r of %d bytes is too large to move (limit %d)"
-                                  % (key[:64], len(raw), MAX_RECORD_BYTES))
+            if offset or len(raw) > max_bytes:
+                # A record larger than a chunk travels alone, in pieces of max_bytes; the
+                # cursor counts the bytes sent (the record is the same at every call: sealed).
+                if out:
+                    return b"".join(out), encode_cursor(slot, ordinal), False, b""
+                if offset >= len(raw):
+                    raise MoveRefused(m, "bad cursor: offset %d in a record of %d bytes" % (offset, len(raw)))
+                piece = raw[offset:offset + max_bytes]
+                end = offset + len(piece)
+                nxt = encode_cursor(slot, ordinal, end) if end < len(raw) else encode_cursor(slot, ordinal + 1)
+                return piece, nxt, False, b""
             if out and size + len(raw) > max_bytes:
                 return b"".join(out), encode_cursor(slot, ordinal), False, b""
             out.append(raw)

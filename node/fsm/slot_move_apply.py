@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from ..engine.dump import CorruptDump, load_records
 from ..engine.replies import OK
-from ..engine.slots import SLOT_COUNT, key_slot
+from ..engine.slots import SLOT_COUNT
 from .sessions import CorruptSessions, Sessions
-from .slot_moves import (_CURSOR, DIGEST_BYTES, END, KEYS_DONE, MAX_EPOCH, PURGE_BATCH, MoveId, MoveRefused,
-                         Phase, Staging, _PHASE_WORDS, _position, decode_cursor, encode_cursor, with_slots)
+from .slot_moves import (CURSOR, DIGEST_BYTES, END, KEYS_DONE, MAX_EPOCH, MAX_PARTIAL_BYTES, PURGE_BATCH, MoveId,
+                         MoveRefused,
+                         Phase, Staging, PHASE_WORDS, key_position, decode_cursor, encode_cursor, with_slots)
 
 OPS = (b"SEAL", b"UNSEAL", b"STAGE", b"DROP_STAGING", b"ACTIVATE", b"RELEASE", b"PURGE")
 _ARGC = {b"STAGE": 9, b"ACTIVATE": 5}           # every other op: 4 (op first last epoch)
@@ -49,7 +50,7 @@ def apply_move(sm, argv, index: int, now: int):
     moves = sm.moves
     phase = moves.phase(m)
     if phase is None:
-        stale = moves._stale(m)
+        stale = moves.stale(m)
         if stale is not None:
             return stale
     return _OPS[op](sm, m, phase, argv, index, now)
@@ -58,9 +59,9 @@ def apply_move(sm, argv, index: int, now: int):
 def _wrong(m: MoveId, phase) -> MoveRefused:
     if phase is None:
         return MoveRefused(m, "move %s is not sealed here" % m)
-    return MoveRefused(m, "move %s was %s here" % (m, _PHASE_WORDS[phase]) if phase in (
+    return MoveRefused(m, "move %s was %s here" % (m, PHASE_WORDS[phase]) if phase in (
         Phase.UNSEALED, Phase.DROPPED, Phase.RELEASED, Phase.PURGED) else
-        "move %s is %s here" % (m, _PHASE_WORDS[phase]))
+        "move %s is %s here" % (m, PHASE_WORDS[phase]))
 
 
 def _wake(sm, m: MoveId) -> None:
@@ -82,30 +83,36 @@ def _seal(sm, m, phase, argv, index, now):
             return MoveRefused(m, "group does not own slot %d" % s)
         if sm.moves.sealed[s]:
             return MoveRefused(m, "slot %d is sealed by another move" % s)
-    sm.moves._begin(m, Phase.SEALED)
-    sm.moves._reseal()
+    sm.moves.begin(m, Phase.SEALED)
+    sm.moves.reseal()
     _wake(sm, m)
     return OK
 
 
-def _unseal(sm, m, phase, argv, index, now):
-    if phase is Phase.UNSEALED:
-        return OK
+def _abort_here(sm, m, phase, aborted: Phase) -> bool:
+    """UNSEAL / DROP_STAGING of a move live here (SEALED / STAGING) or never seen: True if it
+    was live and is now `aborted` (the caller undoes its effect); False when there is nothing
+    to undo. A move never seen here gets a tombstone, so a late SEAL / STAGE of it is refused."""
     if phase is None:
-        sm.moves._begin(m, Phase.UNSEALED)           # a tombstone: a late SEAL is refused
-        return OK
-    if phase is not Phase.SEALED:
+        sm.moves.begin(m, aborted)
+        return False
+    sm.moves.set_phase(m, aborted)
+    return True
+
+
+def _unseal(sm, m, phase, argv, index, now):
+    if phase not in (None, Phase.SEALED, Phase.UNSEALED):
         return _wrong(m, phase)
-    sm.moves._set(m, Phase.UNSEALED)
-    sm.moves._reseal()
-    _wake(sm, m)
+    if phase is not Phase.UNSEALED and _abort_here(sm, m, phase, Phase.UNSEALED):
+        sm.moves.reseal()
+        _wake(sm, m)
     return OK
 
 
 def _stage(sm, m, phase, argv, index, now):
     before, after, floor, chunk, sessions = (bytes(a) for a in argv[4:9])
     floor = _int(floor, MAX_NOW)
-    if len(before) != _CURSOR.size or len(after) != _CURSOR.size or floor is None or not before < after:
+    if len(before) != CURSOR.size or len(after) != CURSOR.size or floor is None or not before < after:
         return MoveRefused(m, "bad STAGE record for move %s (cursors or time)" % m)
     if phase is None:
         for s in range(m.first, m.last + 1):
@@ -121,13 +128,20 @@ def _stage(sm, m, phase, argv, index, now):
     if before != st.cursor:
         return MoveRefused(m, "staging of move %s is at cursor %s, chunk starts at %s"
                            % (m, st.cursor.hex(), before.hex()))
-    problem = _check_chunk(m, st, before, after, chunk, sessions, now)
-    if problem is not None:
-        return MoveRefused(m, "bad chunk for move %s: %s" % (m, problem))
+    partial = decode_cursor(after)[2] if after not in (END, KEYS_DONE) else 0
+    if partial:                                      # a piece of a record larger than a chunk
+        if len(st.partial) + len(chunk) != partial or partial > MAX_PARTIAL_BYTES or sessions:
+            return MoveRefused(m, "bad chunk for move %s: a piece that does not end at its cursor" % m)
+        recs = []
+    else:
+        recs = _check_chunk(m, st, before, after, st.partial + chunk, sessions, now)
+        if isinstance(recs, str):
+            return MoveRefused(m, "bad chunk for move %s: %s" % (m, recs))
     if phase is None:
-        sm.moves._begin(m, Phase.STAGING)
+        sm.moves.begin(m, Phase.STAGING)
         sm.moves.staging[m] = st
-    for key, _, raw in load_records(chunk):
+    st.partial = st.partial + chunk if partial else b""
+    for key, _, raw in recs:
         st.records[key] = raw
     if sessions:
         st.sessions = sessions
@@ -139,16 +153,17 @@ def _stage(sm, m, phase, argv, index, now):
 
 
 def _check_chunk(m, st, before, after, chunk, sessions, now):
+    """The chunk's [(key, value, record)], or what is wrong with it (a str)."""
     try:
         recs = load_records(chunk)
     except CorruptDump as e:
         return str(e)
     last = next(reversed(st.records)) if st.records else None
-    prev = _position(last) if last is not None else None
+    prev = key_position(last) if last is not None else None
     lo_slot = decode_cursor(before)[0]
     hi_slot = m.last if after in (END, KEYS_DONE) else decode_cursor(after)[0]
     for key, _, _ in recs:
-        pos = _position(key)
+        pos = key_position(key)
         if not (m.first <= pos[0] <= m.last and lo_slot <= pos[0] <= hi_slot):
             return "key of slot %d outside the chunk's slots" % pos[0]
         if prev is not None and pos <= prev:
@@ -161,19 +176,14 @@ def _check_chunk(m, st, before, after, chunk, sessions, now):
             Sessions.decode(sessions, now)
         except CorruptSessions as e:
             return "session table: %s" % e
-    return None
+    return recs
 
 
 def _drop(sm, m, phase, argv, index, now):
-    if phase is Phase.DROPPED:
-        return OK
-    if phase is None:
-        sm.moves._begin(m, Phase.DROPPED)            # a tombstone: a late STAGE is refused
-        return OK
-    if phase is not Phase.STAGING:
+    if phase not in (None, Phase.STAGING, Phase.DROPPED):
         return _wrong(m, phase)
-    del sm.moves.staging[m]
-    sm.moves._set(m, Phase.DROPPED)
+    if phase is not Phase.DROPPED and _abort_here(sm, m, phase, Phase.DROPPED):
+        del sm.moves.staging[m]
     return OK
 
 
@@ -204,7 +214,7 @@ def _activate(sm, m, phase, argv, index, now):
     sm.last_now_ms = max(sm.last_now_ms, st.floor_ms)
     sm.owned = with_slots(sm.owned, m.first, m.last, True)
     del sm.moves.staging[m]
-    sm.moves._set(m, Phase.ACTIVE)
+    sm.moves.set_phase(m, Phase.ACTIVE)
     return OK
 
 
@@ -235,8 +245,8 @@ def _release(sm, m, phase, argv, index, now):
         return _wrong(m, phase)
     _wake(sm, m)                                     # blocked clients: now MOVED
     sm.owned = with_slots(sm.owned, m.first, m.last, False)
-    sm.moves._set(m, Phase.RELEASED)
-    sm.moves._reseal()
+    sm.moves.set_phase(m, Phase.RELEASED)
+    sm.moves.reseal()
     return _purge(sm, m, Phase.RELEASED, argv, index, now)
 
 
@@ -247,16 +257,9 @@ def _purge(sm, m, phase, argv, index, now):
         return _wrong(m, phase)
     left = _purge_some(sm, m)
     if not left:
-        sm.moves._set(m, Phase.PURGED)
+        sm.moves.set_phase(m, Phase.PURGED)
     return left
 
 
 _OPS = {b"SEAL": _seal, b"UNSEAL": _unseal, b"STAGE": _stage, b"DROP_STAGING": _drop,
         b"ACTIVATE": _activate, b"RELEASE": _release, b"PURGE": _purge}
-
-
-def keys_of(sm, m: MoveId) -> int:
-    return sum(sm.keyspace.count_keys_in_slot(s) for s in range(m.first, m.last + 1))
-
-
-__all__ = ["apply_move", "parse_move", "move_argv", "key_slot", "keys_of"]

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..engine.dump import CorruptDump, dump_record, load_records
+from ..engine.dump import CorruptDump, load_records
 from ..engine.errors import EngineError
 from ..engine.slots import SLOT_COUNT, key_slot
 from .sessions import CorruptSessions, Sessions
@@ -46,14 +46,17 @@ from .slot_owner import BITMAP_BYTES, OwnedSlots, request_keys
 PURGE_BATCH = 1000                 # keys one RELEASE or PURGE record deletes
 MAX_TOMBSTONES = 1024              # finished moves remembered by id (epochs refuse older ones)
 MAX_CHUNK_BYTES = 4 << 20          # one export chunk (gRPC messages are 16 MiB)
-MAX_RECORD_BYTES = 60 << 20        # one key's record: it must fit a log record (64 MiB) alone
-MAX_SESSIONS_BYTES = 12 << 20      # A's session table in the last chunk (newest clients kept)
+MAX_PARTIAL_BYTES = (1 << 32) - 1  # one key's record staged in pieces (a dump payload is < 4 GiB)
+MAX_SESSIONS_BYTES = MAX_CHUNK_BYTES   # A's session table in the last chunk (newest clients kept);
+                                       # a STAGE must fit a proposal (8 MiB by default)
 DIGEST_BYTES = 32
 MAX_EPOCH = (1 << 63) - 1
 
-_CURSOR = struct.Struct(">HI")     # slot, ordinal of the next key in that slot (key order)
-END = b"\xff" * 6                  # the copy is complete (sessions staged too)
-KEYS_DONE = b"\xff\xff\x00\x00\x00\x00"   # every key exported; the session table is next
+# slot, ordinal of the next key in that slot (key order), bytes of that key's record already
+# sent (a record larger than a chunk travels in pieces, each a chunk of its own)
+CURSOR = struct.Struct(">HII")
+END = b"\xff" * CURSOR.size                       # the copy is complete (sessions staged too)
+KEYS_DONE = b"\xff\xff" + b"\x00" * (CURSOR.size - 2)   # every key exported; the sessions are next
 _ID = struct.Struct(">HHQ")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -70,7 +73,7 @@ class Phase(enum.IntEnum):
 
 
 _TERMINAL = frozenset((Phase.UNSEALED, Phase.PURGED, Phase.DROPPED, Phase.ACTIVE))
-_PHASE_WORDS = {Phase.SEALED: "sealed", Phase.UNSEALED: "aborted", Phase.RELEASED: "released",
+PHASE_WORDS = {Phase.SEALED: "sealed", Phase.UNSEALED: "aborted", Phase.RELEASED: "released",
                 Phase.PURGED: "released", Phase.STAGING: "staging", Phase.DROPPED: "aborted",
                 Phase.ACTIVE: "active"}
 
@@ -120,20 +123,21 @@ def frozen_slot(result) -> Optional[int]:
     return None
 
 
-def encode_cursor(slot: int, ordinal: int) -> bytes:
-    return _CURSOR.pack(slot, ordinal)
+def encode_cursor(slot: int, ordinal: int, offset: int = 0) -> bytes:
+    return CURSOR.pack(slot, ordinal, offset)
 
 
 def decode_cursor(raw: bytes) -> tuple:
-    if len(raw) != _CURSOR.size:
-        raise ValueError("a cursor is %d bytes" % _CURSOR.size)
-    return _CURSOR.unpack(raw)
+    if len(raw) != CURSOR.size:
+        raise ValueError("a cursor is %d bytes" % CURSOR.size)
+    return CURSOR.unpack(raw)
 
 
 @dataclass
 class Staging:
     cursor: bytes                                  # where the next chunk starts
     records: dict = field(default_factory=dict)    # key -> record bytes, in (slot, key) order
+    partial: bytes = b""                           # the pieces so far of a record larger than a chunk
     floor_ms: int = 0                              # A's applied time at export (largest seen)
     sessions: bytes = b""                          # A's encoded session table (from the last chunk)
 
@@ -149,7 +153,7 @@ def digest_of(records) -> bytes:
     return h.digest()
 
 
-def _position(key: bytes) -> tuple:
+def key_position(key: bytes) -> tuple:
     return key_slot(key), key
 
 
@@ -183,7 +187,7 @@ class SlotMoves:
     def phase(self, move: MoveId) -> Optional[Phase]:
         return self.moves.get(move)
 
-    def _reseal(self) -> None:
+    def reseal(self) -> None:
         self.sealed = bytearray(SLOT_COUNT)
         for m, ph in self.moves.items():
             if ph is Phase.SEALED:
@@ -191,7 +195,7 @@ class SlotMoves:
         self.any_sealed = any(ph is Phase.SEALED for ph in self.moves.values())
 
     # -- bookkeeping ------------------------------------------------------------------------
-    def _stale(self, m: MoveId) -> Optional[MoveRefused]:
+    def stale(self, m: MoveId) -> Optional[MoveRefused]:
         """Refusal of a record for move m that is older than what its slots saw, or of a
         finished move forgotten by id (its tombstone pruned)."""
         for s in range(m.first, m.last + 1):
@@ -200,7 +204,7 @@ class SlotMoves:
                 return MoveRefused(m, "stale move %s (slot %d is in move @%d)" % (m, s, e))
         return None
 
-    def _begin(self, m: MoveId, phase: Phase) -> None:
+    def begin(self, m: MoveId, phase: Phase) -> None:
         for s in range(m.first, m.last + 1):
             self.epochs[s] = m.started_epoch
         self.moves[m] = phase
@@ -208,7 +212,7 @@ class SlotMoves:
         for k in terminal[:max(0, len(terminal) - MAX_TOMBSTONES)]:
             del self.moves[k]
 
-    def _set(self, m: MoveId, phase: Phase) -> None:
+    def set_phase(self, m: MoveId, phase: Phase) -> None:
         self.moves[m] = phase            # keeps its begin order
 
     # -- encoding ---------------------------------------------------------------------------
@@ -236,7 +240,7 @@ class SlotMoves:
                     _U32.pack(len(st.records))]
             for raw in st.records.values():
                 out += [_U32.pack(len(raw)), raw]
-            out += [_U32.pack(len(st.sessions)), st.sessions]
+            out += [_U32.pack(len(st.partial)), st.partial, _U32.pack(len(st.sessions)), st.sessions]
         return b"".join(out)
 
     @classmethod
@@ -264,11 +268,11 @@ class SlotMoves:
             if m in out.moves or any(out.epochs[s] < m.started_epoch for s in range(m.first, m.last + 1)):
                 raise CorruptMoves("move %s repeated or above its slots' epochs" % m)
             out.moves[m] = ph
-        for _ in range(r.count(_ID.size + 6 + 8 + 4 + 4)):
+        for _ in range(r.count(_ID.size + CURSOR.size + 8 + 4 + 4 + 4)):
             m = _move_id(*r.unpack(_ID))
             if out.moves.get(m) is not Phase.STAGING or m in out.staging:
                 raise CorruptMoves("staging of move %s that is not staging" % m)
-            st = Staging(r.take(6), floor_ms=r.unpack(_U64)[0])
+            st = Staging(r.take(CURSOR.size), floor_ms=r.unpack(_U64)[0])
             for _ in range(r.count(4)):
                 rec = r.take(r.unpack(_U32)[0])
                 try:
@@ -278,6 +282,10 @@ class SlotMoves:
                 if key in st.records:
                     raise CorruptMoves("staging of move %s repeats a key" % m)
                 st.records[key] = rec
+            st.partial = r.take(r.unpack(_U32)[0])
+            if len(st.partial) != (0 if st.cursor == END else CURSOR.unpack(st.cursor)[2]):
+                raise CorruptMoves("staging of move %s: a partial record of %d bytes at cursor %s"
+                                   % (m, len(st.partial), st.cursor.hex()))
             st.sessions = r.take(r.unpack(_U32)[0])
             if st.sessions:
                 try:
@@ -289,7 +297,7 @@ class SlotMoves:
             raise CorruptMoves("%d trailing bytes" % (len(raw) - r.pos))
         if any(ph is Phase.STAGING and m not in out.staging for m, ph in out.moves.items()):
             raise CorruptMoves("a staging move without its staging")
-        out._reseal()
+        out.reseal()
         return out
 
 

@@ -74,7 +74,7 @@ from .sessions import MAGIC as SESSIONS_MAGIC
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
                        DEFAULT_SESSION_TIMEOUT_MS, CorruptSessions, Sessions)
 from .slot_move_apply import apply_move
-from .slot_moves import CorruptMoves, SlotFrozen, SlotMoves
+from .slot_moves import CorruptMoves, SlotMoves
 from .slot_owner import CorruptOwnedSlots, OwnedSlots, SlotNotOwned, spec_keys
 from .watch import CorruptVersions, KeyVersions, present_before
 from .xadd_batch import apply_xadd_batch
@@ -179,11 +179,12 @@ class StateMachine:
         refused = self.owned.refusal(req) if self.owned.bitmap is not None else None
         if refused is None and self.moves.any_sealed:
             refused = self.moves.frozen_refusal(req)
-            if refused is not None:
-                return refused                    # not recorded: nothing applied, a retry may run
         if refused is not None:
-            result = refused                      # a slot another group owns: nothing changes
-        elif req.kind == Kind.COMMAND:
+            # A slot another group owns, or one frozen by a move: nothing changes, and the
+            # refusal is not recorded in the session, so a retry with the same id runs once
+            # this group serves the slot (an unsealed slot, or one a move brought here).
+            return refused
+        if req.kind == Kind.COMMAND:
             result = self._apply_command(req.argv, now, want_results)
         elif req.kind == Kind.XADD_BATCH:
             result = apply_xadd_batch(self.keyspace, req.xadd, now)

@@ -136,10 +136,23 @@ class SlotMoveRpcs:
 
 # -- the caller side ----------------------------------------------------------------------------
 
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+
+
 def _default_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+
+
+def tls_channels(tls) -> Callable[[str], grpc.aio.Channel]:
+    """MoveSteps' `channel` for a node whose gRPC port serves TLS (runtime TlsConfig; None:
+    insecure): the same credentials and server name its peer links use."""
+    if tls is None:
+        return _default_channel
+    opts = list(_CHANNEL_OPTIONS)
+    if tls.server_name:
+        opts.append(("grpc.ssl_target_name_override", tls.server_name))
+    return lambda address: grpc.aio.secure_channel(address, tls.channel_credentials(), options=opts)
 
 
 class MoveSteps:
@@ -201,17 +214,17 @@ class MoveSteps:
                     return resp
                 why = resp.unavailable or "not the leader (%s)" % target
             attempt += 1
-            if resp is not None and resp.leader_grpc and resp.leader_grpc != target:
-                target = resp.leader_grpc                     # follow at once
-            else:
-                target = candidates[attempt % len(candidates)]
-                if loop.time() >= deadline:
-                    raise MoveStepUnavailable("%s at group %d: no leader answered within %.0fs (%s)"
-                                              % (op, group, self.step_timeout_s, why))
-                await asyncio.sleep(min(RETRY_S[1], RETRY_S[0] * (2 ** min(attempt, 5))))
             if loop.time() >= deadline:
                 raise MoveStepUnavailable("%s at group %d: no leader answered within %.0fs (%s)"
                                           % (op, group, self.step_timeout_s, why))
+            if resp is not None and resp.leader_grpc and resp.leader_grpc != target:
+                target = resp.leader_grpc
+                if attempt <= len(candidates):
+                    continue                                  # follow a fresh redirect at once
+            else:
+                target = candidates[attempt % len(candidates)]
+            # Stale hints bouncing between nodes, an election, a node down: back off a little.
+            await asyncio.sleep(min(RETRY_S[1], RETRY_S[0] * (2 ** min(attempt, 5))))
 
     # -- the steps ------------------------------------------------------------------------------
     async def seal(self, source_group: int, first: int, last: int, started_epoch: int) -> None:
@@ -235,7 +248,7 @@ class MoveSteps:
         cursor = at or encode_cursor(first, 0)
         while cursor != END:
             exp = await self._call("EXPORT", source_group, m, cursor=cursor, max_bytes=max_bytes)
-            if len(exp.next_cursor) != len(END) or exp.next_cursor <= cursor:
+            if len(exp.next_cursor) != len(END) or exp.next_cursor <= cursor or len(exp.chunk) > max_bytes:
                 raise MoveStepRefused("group %d answered EXPORT with a bad cursor %r" % (source_group,
                                                                                          exp.next_cursor[:16]))
             try:

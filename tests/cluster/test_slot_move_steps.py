@@ -6,31 +6,22 @@ slots to group 1: A's side is checked through RESP (TRYAGAIN while sealed, MOVED
 released), B's through the digest of what it serves (the same sha256 over the same dump
 records as A's manifest: streams with groups, PELs, consumers, lists, strings)."""
 import asyncio
+import threading
 
 import pytest
-import redis
 from redis.exceptions import MovedError, TryAgainError
 
 from tests.cluster.conftest import wait_until
 from tests.cluster.harness import rclient
+from tests.fsm.test_slot_moves import keys_in
 from xraft.node.cluster.placement import initial_layout
 from xraft.node.cluster.slot_map import NodeSpec
 from xraft.node.engine.slots import key_slot
-from xraft.node.fsm.slot_moves import END
+from xraft.node.fsm.slot_moves import END, encode_cursor
 from xraft.node.server.slot_move_steps import MoveStepRefused, MoveSteps
 
 GROUPS = 2
 A, B = 1, 2
-
-
-def keys_in(lo: int, hi: int, n: int, prefix: str) -> list:
-    out, i = [], 0
-    while len(out) < n:
-        k = "%s%d" % (prefix, i)
-        if lo <= key_slot(k.encode()) <= hi:
-            out.append(k)
-        i += 1
-    return out
 
 
 def led(node) -> list:
@@ -92,10 +83,31 @@ def _timeless(v):
     return v
 
 
+def filled(c, first: int, last: int, prefix: str):
+    """Three keys of slots first..last, filled at group 1 (fill), and a RESP client of node 1."""
+    keys = keys_in(first, last, 3, prefix)
+    r = rclient(c.nodes[1], 10)
+    fill(r, keys)
+    return keys, r
+
+
 def views(r, s):
     """What RESP shows of a stream and its consumer groups (absolute times included)."""
     return _timeless([r.xinfo_stream(s, full=True), r.xinfo_groups(s), r.xinfo_consumers(s, "g"),
                       r.xpending(s, "g"), r.xpending_range(s, "g", "-", "+", 100)])
+
+
+async def finish(ms, first: int, last: int, epoch: int, copied=None, restart=None) -> None:
+    """After a copy that returned `copied` (it must have staged the 3 keys): start `restart`
+    again, then verify, activate at B (which then serves exactly A's manifest), release at A."""
+    if copied is not None:
+        assert copied == (END, 3)
+    if restart is not None:
+        restart.start()
+    digest = await ms.verify(A, B, first, last, epoch)
+    await ms.activate(B, first, last, epoch, digest)
+    assert await ms.live_digest(B, first, last, epoch) == digest
+    await ms.release(A, first, last, epoch)
 
 
 def run(coro):
@@ -114,10 +126,8 @@ def moved(r, *cmd) -> bool:
 def test_a_whole_move_then_a_moves_and_b_serves_the_same_data(two_groups):
     c = two_groups
     first, last, epoch = 100, 199, 2
-    keys = keys_in(first, last, 3, "mv")
+    keys, r = filled(c, first, last, "mv")
     other = keys_in(200, 300, 1, "stay")[0]
-    r = rclient(c.nodes[1], 10)
-    fill(r, keys)
     r.set(other, "stays")
 
     async def go():
@@ -154,15 +164,25 @@ def test_a_whole_move_then_a_moves_and_b_serves_the_same_data(two_groups):
 def test_abort_leaves_a_serving_and_b_without_staging(two_groups):
     c = two_groups
     first, last, epoch = 400, 450, 3
-    keys = keys_in(first, last, 3, "ab")
-    r = rclient(c.nodes[1], 10)
-    fill(r, keys)
+    keys, r = filled(c, first, last, "ab")
     before = views(r, keys[0])
+    woken = []
+
+    def blocked_read():
+        try:
+            woken.append(rclient(c.nodes[1], 60).xread({keys[0]: "$"}, block=0))
+        except TryAgainError as e:
+            woken.append(e)
+    reader = threading.Thread(target=blocked_read, daemon=True)
+    reader.start()
+    wait_until(lambda: r.info("clients")["blocked_clients"] >= 1, 30, "the reader blocked")
 
     async def go():
         ms = steps_for(c)
         try:
             await ms.seal(A, first, last, epoch)
+            reader.join(30)                                             # woken by the seal
+            assert len(woken) == 1 and isinstance(woken[0], TryAgainError), woken
             calls = []
 
             def stop_after_one(cur, n):
@@ -187,9 +207,7 @@ def test_abort_leaves_a_serving_and_b_without_staging(two_groups):
 def test_kill_9_of_the_source_and_target_leaders_between_steps(two_groups):
     c = two_groups
     first, last, epoch = 600, 700, 4
-    keys = keys_in(first, last, 3, "kl")
-    r = rclient(c.nodes[1], 10)
-    fill(r, keys)
+    keys, r = filled(c, first, last, "kl")
 
     async def go():
         ms = steps_for(c)
@@ -210,21 +228,58 @@ def test_kill_9_of_the_source_and_target_leaders_between_steps(two_groups):
             src.wait_ready()
             tgt = leader_of(c, B)
             phase, cursor, staged, _ = await ms.staging(B, first, last, epoch)
-            assert phase == "STAGING" and staged >= 1
+            assert phase == "STAGING" and cursor > encode_cursor(first, 0)      # two chunks staged
             tgt.proc.kill()                                             # kill -9 of B's leader
             tgt.proc.wait()
-            cursor, staged = await ms.copy(A, B, first, last, epoch, max_bytes=1500)   # resumes
-            assert (cursor, staged) == (END, 3)
-            digest = await ms.verify(A, B, first, last, epoch)
-            tgt.start()
-            await ms.activate(B, first, last, epoch, digest)
-            assert await ms.live_digest(B, first, last, epoch) == digest
-            await ms.release(A, first, last, epoch)
-            return digest
+            copied = await ms.copy(A, B, first, last, epoch, max_bytes=1500)      # resumes
+            await finish(ms, first, last, epoch, copied, restart=tgt)
         finally:
             await ms.close()
     run(go())
     for n in c.nodes.values():
         n.wait_ready()
-    r = rclient(c.nodes[1], 10)
-    assert moved(r, "XLEN", keys[0])
+    assert moved(rclient(c.nodes[1], 10), "XLEN", keys[0])
+
+
+def _restart_with_failpoint(c, node, failpoint: str, group: int):
+    """kill -9 `node`, start it again with XRAFT_FAILPOINT set, and wait until it leads `group`
+    again (the leader balancer hands a group back to its preferred node)."""
+    node.proc.kill()
+    node.proc.wait()
+    c.env["XRAFT_FAILPOINT"] = failpoint
+    try:
+        node.start()
+    finally:
+        del c.env["XRAFT_FAILPOINT"]
+    node.wait_ready()
+    wait_until(lambda: group in led(node), 30, "node %d leading group %d again" % (node.id, group))
+
+
+def test_leaders_killed_by_failpoints_inside_a_step_and_the_step_still_completes(two_groups):
+    """Node 1 dies right after applying the SEAL it leads (before answering), node 2 right
+    after its 3rd STAGE: MoveSteps retries at the new leaders, and the idempotent records
+    make the retries harmless. Same final state as a move without crashes."""
+    c = two_groups
+    first, last, epoch = 900, 1000, 5
+    keys, _ = filled(c, first, last, "fp")
+    src, tgt = c.nodes[1], c.nodes[2]
+    _restart_with_failpoint(c, src, "after_seal_1", A)
+    _restart_with_failpoint(c, tgt, "after_stage_3", B)
+
+    async def go():
+        ms = steps_for(c)
+        try:
+            await ms.seal(A, first, last, epoch)
+            assert src.proc.wait(30) == -9                             # it died inside the step
+            src.start()                                                 # without the failpoint
+            src.wait_ready()
+            chunks = []
+            copied = await ms.copy(A, B, first, last, epoch, max_bytes=1500,
+                                   progress=lambda cur, n: chunks.append(n))
+            assert tgt.proc.wait(30) == -9 and len(chunks) > 3          # it died inside the copy
+            await finish(ms, first, last, epoch, copied, restart=tgt)
+        finally:
+            await ms.close()
+    run(go())
+    tgt.wait_ready()
+    assert moved(rclient(c.nodes[3], 10), "XLEN", keys[0])

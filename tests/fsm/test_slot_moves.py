@@ -2,6 +2,8 @@
 slot_export.py; docs/slot-move-steps.md): every record's apply, idempotence, refusal of stale
 moves, staging invisibility, digest equality, the frozen result, snapshots mid-move, and
 determinism. Group A owns slots 0..8191, group B 8192..16383; the move is slots 100..199."""
+import hashlib
+import random
 import struct
 import zlib
 
@@ -359,3 +361,117 @@ def test_a_damaged_moves_section_is_corrupt(cut):
     bad = body[:pos] + struct.pack(">I", len(bad_moves)) + bad_moves + body[pos + 4 + mv_len:]
     with pytest.raises(CorruptSnapshot, match="slot moves"):
         StateMachine().restore(bad + struct.pack(">I", zlib.crc32(bad)))
+
+
+def test_a_key_larger_than_a_chunk_travels_in_pieces_and_survives_a_snapshot_mid_key():
+    a, b = group_a(), group_b()
+    fill(a)
+    big = MOVING[3]
+    cmd(a, "DEL %s" % big)
+    for i in range(1, 2001):
+        cmd(a, "XADD %s %d-0 field value-%d" % (big, i, i))
+    before = [a.read(argv("XINFO STREAM %s FULL" % big), NOW), a.read(argv("XRANGE %s - +" % big), NOW)]
+    step(a, "SEAL")
+    cursor, pieces, restored = encode_cursor(M.first, 0), 0, False
+    while cursor != END:
+        records, nxt, _, sessions = export_chunk(a, M, cursor, 1000)
+        assert len(records) <= 1000
+        if nxt[6:] != b"\x00\x00\x00\x00" and nxt != END:
+            pieces += 1                                # a piece of the big key
+            if pieces == 3:
+                assert "at cursor" in step(b, "STAGE", nxt, nxt[:6] + b"\x00\x00\x10\x00", b"0", b"x", b"").message
+        assert step(b, "STAGE", cursor, nxt, b"%d" % NOW, records, sessions) >= 0
+        assert step(b, "STAGE", cursor, nxt, b"%d" % NOW, records, sessions) >= 0    # replayed: no-op
+        if pieces == 5 and not restored:              # a snapshot with half a record staged
+            assert b.moves.staging[M].partial
+            copy = StateMachine()
+            copy.restore(b.snapshot())
+            assert copy.snapshot() == b.snapshot()
+            b, restored = copy, True
+        cursor = nxt
+    assert pieces > 5 and restored
+    assert step(b, "ACTIVATE", manifest(a, M)) == OK
+    assert [b.read(argv("XINFO STREAM %s FULL" % big), NOW), b.read(argv("XRANGE %s - +" % big), NOW)] == before
+
+
+def test_a_slot_move_request_is_anonymous_with_one_argv():
+    from xraft.node.fsm.entry import CorruptEntry, decode_record
+    from xraft.node.invariant import InvariantViolation
+    with pytest.raises(InvariantViolation):
+        encode_record(NOW, [Request(7, 1, Kind.SLOT_MOVE, (move_argv("SEAL", M),))])
+    good = encode_record(NOW, [Request(0, 0, Kind.SLOT_MOVE, (move_argv("SEAL", M),))])
+    assert decode_record(good).requests[0].kind == Kind.SLOT_MOVE
+    # The same bytes with a client id and seq patched in: refused by the decoder.
+    bad = bytearray(good[:-4])
+    bad[16:32] = (7).to_bytes(8, "big") + (1).to_bytes(8, "big")
+    bad = bytes(bad) + zlib.crc32(bytes(bad)).to_bytes(4, "big")
+    with pytest.raises(CorruptEntry, match="SLOT_MOVE must be anonymous"):
+        decode_record(bad)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_interleavings_of_move_records_stay_deterministic_and_consistent(seed, monkeypatch):
+    monkeypatch.setattr(slot_move_apply, "PURGE_BATCH", 2)
+    _random_run(seed)
+
+
+def test_the_random_interleavings_reach_every_phase(monkeypatch):
+    monkeypatch.setattr(slot_move_apply, "PURGE_BATCH", 2)
+    reached = set()
+    for seed in range(8):
+        reached |= _random_run(seed)
+    assert reached == set(Phase)
+
+
+def _random_run(seed) -> set:
+    """Records of three overlapping moves (both roles: slots A owns and slots it does not),
+    duplicated, stale and out of order, applied by two replicas, one of which restarts from a
+    snapshot halfway: byte-identical ends; the seal bitmap matches the SEALED moves; staging
+    exists exactly for STAGING moves; refusals change nothing."""
+    rnd = random.Random(seed)
+    a = group_a()
+    fill(a)
+    moves = [MoveId(100, 199, 5), MoveId(150, 160, 3), MoveId(HALF, HALF + 10, 6)]
+    ops = ["SEAL", "UNSEAL", "STAGE", "DROP_STAGING", "ACTIVATE", "RELEASE", "PURGE"]
+    r1, r2 = group_a(), group_a()
+    for sm in (r1, r2):
+        sm.restore(a.snapshot())
+    records, reached = [], set()
+    for _ in range(60):
+        m, op = rnd.choice(moves), rnd.choice(ops)
+        if op == "STAGE":
+            args = (encode_cursor(m.first, 0), KEYS_DONE if rnd.random() < 0.5 else END, b"%d" % NOW, b"", b"")
+        elif op == "ACTIVATE":
+            args = (hashlib.sha256().digest() if rnd.random() < 0.8 else b"\x01" * 32,)   # staged: no key
+        else:
+            args = ()
+        records.append(encode_record(NOW, [Request(0, 0, Kind.SLOT_MOVE, (move_argv(op, m, *args),))]))
+    for i, rec in enumerate(records):
+        for sm in (r1, r2):
+            before = sm.snapshot()
+            [res] = sm.apply(sm.applied_index + 1, rec)
+            if isinstance(res, MoveRefused):            # nothing changed but the index
+                assert len(sm.snapshot()) == len(before)
+        if i == len(records) // 2:
+            fresh = StateMachine()
+            fresh.restore(r2.snapshot())
+            r2 = fresh
+        sealed = {s for m, ph in r1.moves.moves.items() if ph is Phase.SEALED for s in range(m.first, m.last + 1)}
+        assert {s for s in range(SLOT_COUNT) if r1.moves.sealed[s]} == sealed
+        assert set(r1.moves.staging) == {m for m, ph in r1.moves.moves.items() if ph is Phase.STAGING}
+        reached |= set(r1.moves.moves.values())
+    assert r1.snapshot() == r2.snapshot()
+    return reached
+
+
+def test_a_request_refused_as_not_owned_runs_under_the_same_id_once_a_move_brought_the_slot():
+    a, b = group_a(), group_b()
+    fill(a)
+    assert apply(b, Request.register(9))[0] == OK
+    # Routed to B before its ACTIVATE applied (the map flipped first): MOVED, not remembered.
+    assert not_owned_slot(cmd(b, "RPUSH %s z" % MOVING[1], cid=9, seq=1)) == key_slot(MOVING[1].encode())
+    step(a, "SEAL")
+    copy_all(a, b)
+    step(b, "ACTIVATE", manifest(a, M))
+    assert cmd(b, "RPUSH %s z" % MOVING[1], cid=9, seq=1) == 4
+    assert cmd(b, "RPUSH %s z" % MOVING[1], cid=9, seq=1) == 4       # now remembered

@@ -86,7 +86,7 @@ def test_the_woken_forms_of_blocked_clients_are_checked_by_their_keys():
         assert not_owned_slot(apply(sm, req)[0]) == key_slot(OTHER.encode()), argv_text
 
 
-def test_a_refusal_is_remembered_by_the_session_and_is_deterministic():
+def test_a_refusal_is_deterministic_and_its_retry_is_refused_again():
     logs = [first_half_sm(), first_half_sm()]
     for sm in logs:
         apply(sm, Request.register(5))
