@@ -55,6 +55,7 @@ from ..cluster.changes import AdvanceMove, StaleEpoch, already_applied
 from ..cluster.meta_machine import MetaApplied, MetaRefused
 from ..cluster.slot_map import BEFORE_DECISION, MAX_REASON_CHARS, Migration, MovePhase, SlotMap
 from ..cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Released, Sealed, Verified
+from ..fsm.slot_moves import END
 from .slot_move_steps import MoveStepRefused
 
 log = logging.getLogger("xraft.reconciler")
@@ -67,7 +68,9 @@ IDLE_WAIT_S = 0.5           # no move, or not the leader: look again after this 
 RETRY_S = 0.2               # after a failed step
 
 
-COPY_END = b"\xff" * 6     # the copy cursor once everything is staged (docs/slot-move-steps.md)
+# The copy cursor once everything is staged: the data side's own END (docs/slot-move-steps.md),
+# never a copy of its value (the cursor grew from 6 to 10 bytes once already).
+COPY_END = END
 
 
 class MoveSteps(Protocol):
