@@ -32,6 +32,15 @@ class Delivery:
     async def ack(self) -> int:
         return await self.session.ack(self.key, [self.entry.id])
 
+    async def delivery_count(self) -> int:
+        """How many times the group has delivered this entry so far (XPENDING
+        of its ID; 0 once it is acked, dead-lettered or was read with NOACK).
+        With a dead-letter policy (XRAFT.GROUPCFG) an entry is delivered at
+        most `max_deliveries` times."""
+        client, start = self.session._client, self.session._start
+        entries = await client.xpending_range(self.key, start.group, self.entry.id, self.entry.id, 1)
+        return entries[0].delivery_count if entries else 0
+
 
 class ConsumerSession:
     """One Consume call: a reader task routes deliveries to the iterator and
