@@ -95,16 +95,26 @@ class ConsumerSession:
     async def __anext__(self) -> Delivery:
         if self._ready:
             return self._ready.popleft()
+        self._ready.extend(await self.next_batch())     # never empty
+        return self._ready.popleft()
+
+    async def next_batch(self) -> list:
+        """The deliveries not yet yielded, or the next delivery message's (a
+        non-empty list); StopAsyncIteration at the end. For a caller that
+        merges sessions (crossshard.py): one hop per message, not per entry."""
+        if self._ready:
+            batch = list(self._ready)
+            self._ready.clear()
+            return batch
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
         item = await self._queue.get()
         if isinstance(item, BaseException):
-            self._queue.put_nowait(item)           # every later __anext__ sees it too
+            self._queue.put_nowait(item)           # every later call sees it too
             if isinstance(item, _Closed):
                 raise StopAsyncIteration
             raise item
-        self._ready.extend(item)                   # never empty
-        return self._ready.popleft()
+        return item
 
     async def ack(self, key, ids) -> int:
         """XACK through the stream; the number of IDs that were pending.

@@ -19,6 +19,7 @@ without BLOCK, so the reply holds every stream that has entries then, in the
 order of the request, as one XREAD would.
 """
 import asyncio
+import collections
 
 from xraft.proto.v1 import client_pb2 as pb
 
@@ -37,7 +38,8 @@ class CrossShardSession:
         self._start = start
         self._sessions: list = []          # ConsumerSession per slot, made on first use
         self._by_key: dict = {}            # stream key -> its session (ack routing)
-        self._merged: asyncio.Queue | None = None
+        self._merged: asyncio.Queue | None = None   # lists of Deliveries from the pumps, _END, errors
+        self._ready = collections.deque()          # the current list's Deliveries not yet yielded
         self._pumps: list = []
         self._running = 0                  # sessions whose iterator has not ended
         self._closed = False
@@ -77,8 +79,12 @@ class CrossShardSession:
 
     async def _pump(self, session) -> None:
         try:
-            async for delivery in session:
-                self._merged.put_nowait(delivery)
+            while True:
+                try:
+                    batch = await session.next_batch()
+                except StopAsyncIteration:
+                    break
+                self._merged.put_nowait(batch)     # a list of Deliveries, in order
             self._merged.put_nowait(_END)
         except asyncio.CancelledError:
             raise
@@ -92,6 +98,8 @@ class CrossShardSession:
             await self._open()
         if self._merged is None:                   # one slot: no merging, no extra hop
             return await self._sessions[0].__anext__()
+        if self._ready:
+            return self._ready.popleft()
         while True:
             if self._running == 0:
                 raise StopAsyncIteration
@@ -102,7 +110,8 @@ class CrossShardSession:
             if isinstance(item, BaseException):
                 self._merged.put_nowait(item)      # every later __anext__ raises it too
                 raise item
-            return item
+            self._ready.extend(item)               # never empty
+            return self._ready.popleft()
 
     async def ack(self, key, ids) -> int:
         """XACK through the session of the stream's slot."""
