@@ -42,7 +42,20 @@ class Delivery:
         return entries[0].delivery_count if entries else 0
 
 
-class ConsumerSession:
+class SessionProtocol:
+    """`async with` (close() on exit) and `async for` over a consumer session."""
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def __aiter__(self):
+        return self
+
+
+class ConsumerSession(SessionProtocol):
     """One Consume call: a reader task routes deliveries to the iterator and
     ack results to the futures waiting for them, so acking inside the loop
     body never waits on the loop itself. On a retriable failure the session
@@ -82,15 +95,6 @@ class ConsumerSession:
         self._call = None
         self._task = None
         self._closed = False
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.close()
-
-    def __aiter__(self):
-        return self
 
     async def __anext__(self) -> Delivery:
         if self._ready:

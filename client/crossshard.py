@@ -23,13 +23,13 @@ import collections
 
 from xraft.proto.v1 import client_pb2 as pb
 
-from .consumer import ConsumerSession, _Closed
+from .consumer import ConsumerSession, SessionProtocol, _Closed
 from .types import to_bytes
 
 _END = object()      # a session's iterator ended cleanly
 
 
-class CrossShardSession:
+class CrossShardSession(SessionProtocol):
     """One consumer over streams in any slots (module doc). Same interface as
     ConsumerSession: async iteration of Delivery, ack(key, ids), close()."""
 
@@ -48,15 +48,6 @@ class CrossShardSession:
     def sessions(self) -> list:
         """The per-slot ConsumerSessions (empty before the first delivery is asked for)."""
         return list(self._sessions)
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.close()
-
-    def __aiter__(self):
-        return self
 
     async def _open(self) -> None:
         keys = list(self._start.keys)
