@@ -119,3 +119,17 @@ def test_dead_letters_through_the_sdk():
                 await client.xgroup_cfg(src, "g", 0)
                 assert (await client.xinfo_groups(src))[0].max_deliveries == 0
     run(body)
+
+
+def test_dead_letters_through_the_sync_client():
+    from tests.client import ThreadServer
+    from xraft.client.sync import Client as SyncClient
+    with ThreadServer() as (addr, _backend), SyncClient([addr], timeout=5) as c:
+        c.xgroup_create("{o}s", "g", "0", mkstream=True)
+        c.xadd("{o}s", {"f": "v"})
+        c.xgroup_cfg("{o}s", "g", 1, "{o}dead")
+        with c.consume(["{o}s"], "g", "c") as session:
+            d = next(iter(session))
+            assert d.delivery_count() == 1
+        c.xautoclaim("{o}s", "g", "c2", 0)
+        assert [(x.source_id, x.deliveries) for x in c.dead_letters("{o}dead")] == [(d.id, 1)]
