@@ -160,8 +160,8 @@ def _groups_offset(buf: bytes) -> int:
 def _one_group_record(name=b"g", last_id=b"\0" * 16, entries_read=-1, pel=(), consumers=(),
                       policy=(0, 0, b"")):
     """pel: [(id16, time, count)]; consumers: [(name, seen, [id16, ...])];
-    policy: (max_deliveries, dead_lettered, dead-letter key) of a version-2
-    record, None for a version-1 record (no policy fields)."""
+    policy: (max_deliveries, dead_lettered, dead-letter key) of a version-4
+    record, None for an older record (no policy fields)."""
     out = [struct.pack(">I", len(name)), name, last_id, struct.pack(">q", entries_read), struct.pack(">I", len(pel))]
     for key, t, c in pel:
         out += [key, struct.pack(">qQ", t, c)]
@@ -180,7 +180,9 @@ def _with_groups(group_records, count=None, version=None):
     if version is not None:
         head = head[:4] + bytes([version]) + head[5:]
     n = len(group_records) if count is None else count
-    return _refit(head + struct.pack(">I", n) + b"".join(group_records))
+    # no idmp table (version >= 2), no retention (version >= 3)
+    tail = b"\x00\x00"[:max(0, min((version or 4) - 1, 2))]
+    return _refit(head + struct.pack(">I", n) + b"".join(group_records) + tail)
 
 
 ID1 = (1).to_bytes(8, "big") + (1).to_bytes(8, "big")
@@ -238,16 +240,17 @@ def test_bad_entries_section_rejected():
         load_stream(_refit(bytes(body)))
 
 
-# -- version 2: dead-letter policies (dead_letters.py) ----------------------------
+# -- version 4: dead-letter policies (dead_letters.py) ----------------------------
 
-def test_version1_record_still_loads_without_policy():
+def test_older_records_still_load_without_policy():
     rec = _one_group_record(pel=[(ID1, 5, 1)], consumers=[(b"a", 7, [ID1])], policy=None)
-    grp = load_stream(_with_groups([rec], version=1)).cgroups.find(b"g")
-    assert (grp.max_deliveries, grp.dead_letter_key, grp.dead_lettered) == (0, None, 0)
-    with pytest.raises(CorruptStreamState):         # a version-1 header with version-2 groups
-        load_stream(_with_groups([_one_group_record()], version=1))
-    with pytest.raises(CorruptStreamState):         # an unknown version
+    for version in (1, 2, 3):
+        grp = load_stream(_with_groups([rec], version=version)).cgroups.find(b"g")
+        assert (grp.max_deliveries, grp.dead_letter_key, grp.dead_lettered) == (0, None, 0)
+    with pytest.raises(CorruptStreamState):         # a version-3 header with version-4 groups
         load_stream(_with_groups([_one_group_record()], version=3))
+    with pytest.raises(CorruptStreamState):         # an unknown version
+        load_stream(_with_groups([_one_group_record()], version=5))
 
 
 def test_policy_round_trips():
