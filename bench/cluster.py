@@ -45,7 +45,12 @@ entries are `sensor-id 1234 temperature 19.8` everywhere):
    once every node leads 2 groups (leader_balance.py), phase 1's SDK workload
    (one client, BATCH_CONCURRENCY batches of 100 in flight) with each batch
    sent to the next group's key, so all three nodes lead writes. Printed with
-   its ratio to phase 1's one-group figure (target >= 1.5x).
+   its ratio to phase 1's one-group figure (target >= 1.5x). Then cross-shard
+   consume: 100,000 entries (--quick 5,000) preloaded over the six groups'
+   streams, read by ONE SDK consume() over all six (one Consume per slot,
+   merged; crossshard.py) acking each stream's ids 100 at a time:
+   `crossshard_consume_entries_per_s`, printed beside phase 4's single-stream
+   Consume figure (target >= 1x).
 8. slot move, on the same sharded cluster (bench/slot_move.py): a slot holding a stream of
    100k entries (--quick 5k) with a group of 10k (1k) pending entries moves to another group
    while probes write to it and to another group: slot_move_s, slot_move_write_wait_ms
@@ -587,10 +592,79 @@ def sharded_batch(args, tmp: str, out: dict) -> None:
         out["sharded_vs_one_group"] = rate / one if one else 0.0
         print(f"SDK xadd_batch(100) x {BATCH_CONCURRENCY} over {len(keys)} groups: {rate:,.0f} entries/s = "
               f"{out['sharded_vs_one_group']:.2f}x one group ({one:,.0f}; target >= 1.5x)   [{m.line()}]")
+        n_per_key = (5_000 if args.quick else 100_000) // len(keys)
+        t = time.perf_counter()
+        uvloop.run(_preload_all(seeds, keys, n_per_key))
+        print(f"preloaded {n_per_key:,} entries into each of {len(keys)} streams in {time.perf_counter() - t:.1f} s")
+        with CpuMeter(pids) as m:
+            rate = uvloop.run(asyncio.wait_for(crossshard_consume(seeds, keys, n_per_key), CROSSSHARD_LIMIT_S))
+        single = out.get("consume_ack_entries_per_s", 0.0)
+        out["crossshard_consume_entries_per_s"] = rate
+        out["crossshard_vs_single_consume"] = rate / single if single else 0.0
+        print(f"SDK consume() over {len(keys)} streams in {len(keys)} groups (max_batch={BATCH}) deliver+ack: "
+              f"{rate:,.0f} entries/s = {out['crossshard_vs_single_consume']:.2f}x single-stream Consume "
+              f"({single:,.0f}; target >= 1x)   [{m.line()}]")
         slot_move.run_phase(seeds, args.quick, out)
     finally:
         if lc.cluster_file(dir_).exists():
             lc.down(dir_)
+
+
+CROSSSHARD_LIMIT_S = 300.0      # the cross-shard consume phase fails rather than hangs
+
+
+async def _preload_all(seeds, keys, n_per_key: int) -> None:
+    """Group "g" at each stream's end (the batch phase wrote to these keys), then n_per_key entries each."""
+    async with Client(seeds) as c:
+        for k in keys:
+            await c.xgroup_create(k, "g", id="$", mkstream=True)
+    await asyncio.gather(*(sdk_preload(seeds, k, n_per_key) for k in keys))
+
+
+async def crossshard_consume(seeds, keys, n_per_key: int, batch: int = BATCH, acks_in_flight: int = 8) -> float:
+    """One consume() over streams of different groups (client/crossshard.py: one Consume
+    session per slot, merged): each stream's ids acked `batch` at a time, up to
+    `acks_in_flight` ack messages overlapping per stream (as sdk_consume's one stream).
+    Entries acked per s, from the first delivery to the last confirmed ack; every entry
+    acked and every PEL empty, else RuntimeError."""
+    async with Client(seeds) as c:
+        n = n_per_key * len(keys)
+        rooms = {k.encode(): asyncio.Semaphore(acks_in_flight) for k in keys}
+        acking: set = set()
+        st = {"delivered": 0, "acked": 0, "t0": None, "last_ack": None}
+        async with c.consume(keys, "g", "worker", max_batch=batch) as session:
+
+            async def ack(key, ids):
+                try:
+                    acked = await session.ack(key, ids)
+                    st["acked"] += acked
+                    st["last_ack"] = time.perf_counter()
+                finally:
+                    rooms[key].release()
+
+            held = {k.encode(): [] for k in keys}
+            async for d in session:
+                st["t0"] = st["t0"] or time.perf_counter()
+                st["delivered"] += 1
+                ids = held[d.key]
+                ids.append(d.id)
+                last = st["delivered"] >= n
+                for key, ids in held.items():
+                    if ids and (len(ids) == batch or last):
+                        await rooms[key].acquire()
+                        t = asyncio.ensure_future(ack(key, ids))
+                        acking.add(t)
+                        t.add_done_callback(acking.discard)
+                        held[key] = []
+                if last:
+                    break
+            while acking:
+                await asyncio.gather(*acking)
+        pending = sum([(await c.xpending(k, "g")).count for k in keys])
+    if st["acked"] != n or pending:
+        raise RuntimeError(f"crossshard consume: {st['acked']:,} of {n:,} acked, {pending:,} left pending")
+    elapsed = st["last_ack"] - st["t0"]
+    return n / elapsed if elapsed > 0 else 0.0
 
 
 # ----------------------------------------------------------------------------- the run

@@ -86,6 +86,9 @@ from . import admin
 from . import router as routing_modes
 from .commands import Commands
 from .consumer import MAX_ACKS_IN_FLIGHT, ConsumerSession, Delivery  # noqa: F401 - this module's API
+from .crossshard import CrossShardSession
+from .dead_letters import DeadLetterCommands
+from .reliable import ReliableConsumer
 from .errors import (ClusterDownError, CrossSlotError, DeadlineExceededError, MovedError, NotLeaderError,
                      ReplyNotKeptError, SessionExpiredError, StaleRequestError, TryAgainError, UnavailableError,
                      UnknownOutcomeError, WriteDeadlineError, XRaftError, from_rpc_error)
@@ -109,7 +112,7 @@ class _Node:
     stub: pb_grpc.XRaftStub
 
 
-class Client(Commands):
+class Client(Commands, DeadLetterCommands):
     """An xraft client over one gRPC channel per node it talks to.
 
     seeds: "host:port" addresses of some nodes' gRPC (client API) ports.
@@ -602,19 +605,28 @@ class Client(Commands):
                 attempt += 1
 
     def consume(self, keys, group, consumer, *, max_unacked: int = 0, max_batch: int = 0, no_ack: bool = False,
-                replay_pending_after=None) -> "ConsumerSession":
+                replay_pending_after=None) -> "ConsumerSession | CrossShardSession":
         """Consume a group over one bidirectional stream: `async for d in
         client.consume(...)` yields Delivery objects; `await d.ack()` (or
         session.ack(key, ids)) acknowledges. Use as `async with` to close it.
         Routed to the leader of the keys' group, and re-routed after a
-        failover; on a sharded cluster the keys must share one slot (the
-        session ends with CrossSlotError otherwise, nothing sent)."""
+        failover. Keys in several slots of a sharded cluster: one Consume
+        call per slot, merged (crossshard.CrossShardSession; acks go back
+        to each stream's group)."""
         start = pb.ConsumeStart(keys=[to_bytes(k) for k in keys], group=to_bytes(group),
                                 consumer=to_bytes(consumer), max_unacked=max_unacked, max_batch=max_batch,
                                 no_ack=no_ack)
         if replay_pending_after is not None:
             start.replay_pending_after.CopyFrom(StreamID.parse(replay_pending_after).to_pb())
+        if len(start.keys) > 1:
+            return CrossShardSession(self, start)
         return ConsumerSession(self, start)
+
+    def reliable_consumer(self, keys, group, consumer, handler, **options) -> ReliableConsumer:
+        """A ReliableConsumer (reliable.py): consume() plus scheduled XAUTOCLAIM
+        of dead consumers' idle entries, bounded concurrency, batched acks;
+        `await rc.run()` until `await rc.stop()`."""
+        return ReliableConsumer(self, keys, group, consumer, handler, **options)
 
 
 _FINAL_OUTCOMES = (WriteDeadlineError, StaleRequestError, ReplyNotKeptError, SessionExpiredError)

@@ -8,6 +8,7 @@ import asyncio
 
 from xraft.proto.v1 import client_pb2 as pb
 
+from .crossshard import xread_fanout
 from .errors import XRaftError, from_detail
 from .types import (AutoClaimResult, ClaimResult, ConsumerInfo, PendingEntry, PendingSummary, StreamID,
                     bound_to_pb, end_to_pb, entry_from_pb, fields_to_pb, group_info_from_pb, group_start_to_pb,
@@ -175,15 +176,17 @@ class Commands:
 
     async def xread(self, streams: dict, count=None, block_ms=None, *, timeout=None) -> dict:
         """XREAD: {key: id | "$"} -> {key: [StreamEntry]} (only streams with entries).
-        On a sharded cluster, streams in different slots: without block_ms the
-        read is split (one XREAD per slot, in parallel; COUNT is per stream
-        anyway, so the merged reply is the one XREAD would give); with
-        block_ms it is a CrossSlotError, nothing sent (which stream wakes the
-        call first cannot be split)."""
-        if block_ms is None and len(streams) > 1:
+        On a sharded cluster, streams in different slots: the read is split
+        (one XREAD per slot, in parallel; COUNT is per stream anyway, so the
+        merged reply is the one XREAD would give); with block_ms the blocking
+        reads are fanned out and the first to answer with entries ends the
+        others (crossshard.xread_fanout)."""
+        if len(streams) > 1:
             parts = await self._split_by_slot([to_bytes(k) for k in streams])
             if parts is not None:
                 by_key = {to_bytes(k): v for k, v in streams.items()}
+                if block_ms is not None:
+                    return await xread_fanout(self, parts, by_key, count, block_ms, timeout)
                 replies = await asyncio.gather(*(self.xread({k: by_key[k] for k in part}, count, timeout=timeout)
                                                  for part in parts))
                 merged = {k: v for reply in replies for k, v in reply.items()}

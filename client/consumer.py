@@ -32,14 +32,39 @@ class Delivery:
     async def ack(self) -> int:
         return await self.session.ack(self.key, [self.entry.id])
 
+    async def delivery_count(self) -> int:
+        """How many times the group has delivered this entry so far (XPENDING
+        of its ID; 0 once it is acked, dead-lettered or was read with NOACK).
+        With a dead-letter policy (XRAFT.GROUPCFG) an entry is delivered at
+        most `max_deliveries` times."""
+        client, start = self.session._client, self.session._start
+        entries = await client.xpending_range(self.key, start.group, self.entry.id, self.entry.id, 1)
+        return entries[0].delivery_count if entries else 0
 
-class ConsumerSession:
+
+class SessionProtocol:
+    """`async with` (close() on exit) and `async for` over a consumer session."""
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def __aiter__(self):
+        return self
+
+
+class ConsumerSession(SessionProtocol):
     """One Consume call: a reader task routes deliveries to the iterator and
     ack results to the futures waiting for them, so acking inside the loop
     body never waits on the loop itself. On a retriable failure the session
     reconnects (to the leader the error names), first replaying this
     consumer's pending entries, and resends the acks not yet confirmed
-    (XACK is idempotent): delivery is at least once.
+    (XACK is idempotent). A replayed entry this session already delivered
+    and has not seen an ack confirmed for is skipped (the application holds
+    it, or its ack is in flight): within one session no entry is delivered
+    twice; a new session (a restart) gets every pending entry again.
 
     Acks: grpc.aio allows one write at a time on a stream, so ack() never
     writes itself. It records the ack (unconfirmed until its AckResult
@@ -57,6 +82,11 @@ class ConsumerSession:
         self._queue: asyncio.Queue = asyncio.Queue()  # lists of Delivery (one per message), then the end
         self._ready: collections.deque = collections.deque()   # the current list's Deliveries not yet yielded
         self._acks: dict[int, tuple] = {}          # ack_seq -> (key, ids, future), unconfirmed, in order
+        # key -> IDs delivered by this session (queued or yielded) whose ack is
+        # not confirmed: a reconnect's replay of the PEL skips them, so the
+        # application never sees an entry twice in one session (bounded by
+        # max_unacked: the server delivers no more unacked entries than that).
+        self._held: dict[bytes, set] = {}
         self._ack_seq = 0
         self._ack_room = None                      # semaphore of MAX_ACKS_IN_FLIGHT, made on first use
         self._outbox: asyncio.Queue | None = None  # ack_seqs for the live stream's writer; None between streams
@@ -66,28 +96,29 @@ class ConsumerSession:
         self._task = None
         self._closed = False
 
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.close()
-
-    def __aiter__(self):
-        return self
-
     async def __anext__(self) -> Delivery:
         if self._ready:
             return self._ready.popleft()
+        self._ready.extend(await self.next_batch())     # never empty
+        return self._ready.popleft()
+
+    async def next_batch(self) -> list:
+        """The deliveries not yet yielded, or the next delivery message's (a
+        non-empty list); StopAsyncIteration at the end. For a caller that
+        merges sessions (crossshard.py): one hop per message, not per entry."""
+        if self._ready:
+            batch = list(self._ready)
+            self._ready.clear()
+            return batch
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
         item = await self._queue.get()
         if isinstance(item, BaseException):
-            self._queue.put_nowait(item)           # every later __anext__ sees it too
+            self._queue.put_nowait(item)           # every later call sees it too
             if isinstance(item, _Closed):
                 raise StopAsyncIteration
             raise item
-        self._ready.extend(item)                   # never empty
-        return self._ready.popleft()
+        return item
 
     async def ack(self, key, ids) -> int:
         """XACK through the stream; the number of IDs that were pending.
@@ -161,8 +192,12 @@ class ConsumerSession:
                     attempt, failing_since = 0, None
                     if resp.WhichOneof("body") == "ack_result":
                         pending = self._acks.pop(resp.ack_result.ack_seq, None)
-                        if pending is not None and not pending[2].done():
-                            pending[2].set_result(resp.ack_result.acked)
+                        if pending is not None:
+                            held = self._held.get(pending[0])
+                            if held is not None:
+                                held.difference_update(pending[1])
+                            if not pending[2].done():
+                                pending[2].set_result(resp.ack_result.acked)
                         continue
                     batch = self._deliveries(resp.delivery.streams)
                     if batch:
@@ -214,13 +249,22 @@ class ConsumerSession:
         append = out.append
         new_tuple, new_object = tuple.__new__, object.__new__
         sid_cls, entry_cls = StreamID, StreamEntry
+        track = not self._start.no_ack
         for s in streams:
             key = s.key
+            held = self._held.get(key) if track else None
+            if held is None and track:
+                held = self._held[key] = set()
             for m in s.entries:
                 sid = m.id
+                sid = new_tuple(sid_cls, (sid.ms, sid.seq))
+                if track:
+                    if sid in held:
+                        continue                   # replayed after a reconnect, and still held here
+                    held.add(sid)
                 entry = new_object(entry_cls)
                 d = entry.__dict__
-                d["id"] = new_tuple(sid_cls, (sid.ms, sid.seq))
+                d["id"] = sid
                 d["fields"] = tuple([(f.name, f.value) for f in m.fields])
                 d["deleted"] = m.deleted
                 append(Delivery(key, entry, self))

@@ -75,6 +75,10 @@ class Client:
     def subscribe(self, streams: dict, **kwargs):
         return self._iterate(self._aio.subscribe(streams, **kwargs))
 
+    def dead_letters(self, dead_letter_key, **kwargs):
+        """aio.Client.dead_letters as a blocking iterator of DeadLetter."""
+        return self._iterate(self._aio.dead_letters(dead_letter_key, **kwargs))
+
     def consume(self, keys, group, consumer, **kwargs) -> "ConsumerSession":
         async def make():
             return self._aio.consume(keys, group, consumer, **kwargs)
@@ -107,6 +111,9 @@ class Delivery:
 
     def ack(self) -> int:
         return self._client._run(self._delivery.ack())
+
+    def delivery_count(self) -> int:
+        return self._client._run(self._delivery.delivery_count())
 
     def __repr__(self):
         return f"Delivery(key={self.key!r}, entry={self.entry!r})"

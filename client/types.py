@@ -137,6 +137,9 @@ class GroupInfo:
     last_delivered_id: StreamID
     entries_read: int | None
     lag: int | None
+    max_deliveries: int = 0             # dead-letter policy (XRAFT.GROUPCFG); 0 = none
+    dead_letter_key: bytes | None = None
+    dead_lettered: int = 0              # entries moved to the dead-letter stream so far
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,8 @@ def stream_info_from_pb(m: pb.XInfoStreamResponse) -> StreamInfo:
 
 def group_info_from_pb(g: pb.GroupInfo) -> GroupInfo:
     return GroupInfo(g.name, g.consumers, g.pending, StreamID.from_pb(g.last_delivered_id),
-                     _opt(g, "entries_read"), _opt(g, "lag"))
+                     _opt(g, "entries_read"), _opt(g, "lag"),
+                     g.max_deliveries, g.dead_letter_key or None, g.dead_lettered)
 
 
 def value_from_pb(v: pb.Value):

@@ -11,6 +11,7 @@ from itertools import islice
 from ..invariant import invariant
 from . import groups as g
 from .commands import BLOCKING, INTERNAL, READONLY, WRITE, command, unknown_subcommand
+from .dead_letters import dead_letter_target, over_limit
 from .errors import CommandError, NoGroupError, syntax_error, wrong_arity
 from .refs import apply_retention
 from .replies import NULL_ARRAY, OK, PairMap, Status, WouldBlock
@@ -211,6 +212,7 @@ def xreadgroup_unobserved(db, argv, now_ms):
 def _xreadgroup(db, argv, now_ms, want_reply: bool):
     args = parse_xread_args(argv, True)
     targets = []                            # (key, serve IDs after this StreamID, or _NEW_ONLY)
+    dead_letters = {}                       # key -> the group's DeadLetterTarget (history reads)
     for key, id_arg in zip(args.keys, args.id_args):
         stream = lookup_stream(db, key)
         group = None if stream is None else g.lookup_group(stream, args.group)
@@ -224,6 +226,8 @@ def _xreadgroup(db, argv, now_ms, want_reply: bool):
             sid = parse_strict_id(id_arg)
             # redis marks `>` with the largest ID, so that ID given explicitly means `>` too.
             targets.append((key, _NEW_ONLY if sid == MAX_ID else sid))
+            if sid != MAX_ID:               # a history read counts deliveries: may dead-letter
+                dead_letters[key] = dead_letter_target(db, key, args.group, group)
 
     # All checked. Serve stream by stream: an earlier stream's delivery can
     # change what a later one (the same key named twice) has to serve.
@@ -255,7 +259,7 @@ def _xreadgroup(db, argv, now_ms, want_reply: bool):
         else:
             start = after.incr()            # after < MAX_ID: never None
             consumer = g.lookup_or_create_consumer(group, args.consumer, now_ms)
-            served = g.deliver_history(stream, consumer, start, args.count, now_ms)
+            served = g.deliver_history(stream, consumer, start, args.count, now_ms, dead_letters.get(key))
             reply.append([key, [entry_reply(sid, fields) if fields is not None else [format_id(sid), NULL_ARRAY]
                                 for sid, fields in served]])
     if served_any:
@@ -458,6 +462,9 @@ def xclaim(db, argv, now_ms):
             raise CommandError(f"ERR Unrecognized XCLAIM option '{err_arg(argv[j])}'")
         j += 1
 
+    counts = retry_count < 0 and not justid     # this claim counts a delivery: may dead-letter
+    dead_letters = dead_letter_target(db, argv[1], argv[2], group) if counts else None
+
     # All checked: from here on the command succeeds.
     if last_id > group.last_id:
         group.last_id = last_id
@@ -482,6 +489,9 @@ def xclaim(db, argv, now_ms):
             nack = g.NACK(now_ms, 1, None)  # owner set below (idle check does not apply)
             group.pel.insert(sid, nack)
         if nack.consumer is not None and min_idle and now_ms - nack.delivery_time < min_idle:
+            continue
+        if dead_letters is not None and over_limit(group, nack) and dead_letters.move(
+                sid, nack, fields, now_ms, argv[3]):
             continue
         if consumer is None:
             consumer = g.lookup_or_create_consumer(group, argv[3], now_ms)
@@ -527,6 +537,7 @@ def xautoclaim(db, argv, now_ms):
             raise syntax_error()
         j += 1
     stream, group = lookup_stream_group(db, argv[1], argv[2])
+    dead_letters = None if justid else dead_letter_target(db, argv[1], argv[2], group)
 
     consumer = None
     claimed, deleted = [], []
@@ -548,6 +559,9 @@ def xautoclaim(db, argv, now_ms):
             count -= 1
         elif min_idle and now_ms - nack.delivery_time < min_idle:
             pass
+        elif dead_letters is not None and over_limit(group, nack) and dead_letters.move(
+                sid, nack, fields, now_ms, argv[3]):
+            count -= 1                      # dead-lettered: left out of the reply, but work done
         else:
             if consumer is None:
                 consumer = g.lookup_or_create_consumer(group, argv[3], now_ms)

@@ -62,12 +62,19 @@ def _entries_read(group):
 
 
 def _group_summary(stream, name, group) -> dict:
-    return {b"name": name,
-            b"consumers": group.consumers.numele,
-            b"pending": group.pel.numele,
-            b"last-delivered-id": format_id(group.last_id),
-            b"entries-read": _entries_read(group),
-            b"lag": g.group_lag(stream, group)}
+    summary = {b"name": name,
+               b"consumers": group.consumers.numele,
+               b"pending": group.pel.numele,
+               b"last-delivered-id": format_id(group.last_id),
+               b"entries-read": _entries_read(group),
+               b"lag": g.group_lag(stream, group)}
+    if group.max_deliveries or group.dead_lettered:
+        # xraft's poison-message policy (dead_letters.py); absent for a group that
+        # never had one, so redis 7.0's reply is unchanged.
+        summary[b"max-deliveries"] = group.max_deliveries
+        summary[b"dead-letter-key"] = group.dead_letter_key
+        summary[b"dead-lettered"] = group.dead_lettered
+    return summary
 
 
 def _stream_info(stream, argv):

@@ -15,6 +15,8 @@ def command_keys(spec, argv) -> list:
     or parsed for the movable-keys commands. Arguments that do not parse give
     no keys: the command fails by itself."""
     name = spec.name
+    if name == "xraft.groupcfg":
+        return _groupcfg_keys(argv)
     if name in MOVABLE:
         try:
             if name in ("xread", "xreadgroup"):
@@ -30,3 +32,14 @@ def command_keys(spec, argv) -> list:
         return []
     last = spec.last_key if spec.last_key > 0 else len(argv) + spec.last_key
     return list(argv[spec.first_key:last + 1:spec.step or 1])
+
+
+def _groupcfg_keys(argv) -> list:
+    """XRAFT.GROUPCFG key group [MAXDELIVERIES n] [DEADLETTER dead-letter-key]:
+    the stream, and the dead-letter key when given (routing then answers
+    CROSSSLOT for one in another slot, as the command itself does)."""
+    keys = [argv[1]] if len(argv) > 1 else []
+    for i in range(3, len(argv) - 1, 2):
+        if argv[i].lower() == b"deadletter":
+            keys.append(argv[i + 1])
+    return keys

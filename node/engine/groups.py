@@ -8,6 +8,8 @@ commands (cmd_groups.py, cmd_xinfo.py) are built from, as redis 7.0 t_stream.c.
     +-- entries_read: int        logical read counter of last_id, -1 = unknown
     +-- pel:          PelMap     StreamID -> NACK       every delivered, unacked entry
     +-- consumers:    Rax        name -> Consumer
+    +-- max_deliveries, dead_letter_key, dead_lettered
+                                 the poison-message policy (xraft only: dead_letters.py)
 
     Consumer
     +-- name:      bytes
@@ -69,13 +71,17 @@ class Consumer:
 class ConsumerGroup:
     """redis streamCG."""
 
-    __slots__ = ("last_id", "entries_read", "pel", "consumers")
+    __slots__ = ("last_id", "entries_read", "pel", "consumers",
+                 "max_deliveries", "dead_letter_key", "dead_lettered")
 
     def __init__(self, last_id: StreamID, entries_read: int):
         self.last_id = last_id                # `>` reads serve IDs strictly greater than this
         self.entries_read = entries_read      # -1 (unknown) or >= 0
         self.pel = PelMap()                   # StreamID -> NACK, union of the consumers' PELs
         self.consumers = Rax()                # name -> Consumer
+        self.max_deliveries = 0               # 0: no policy; N: dead-letter past N deliveries
+        self.dead_letter_key = None           # bytes when max_deliveries > 0
+        self.dead_lettered = 0                # entries ever dead-lettered by this group
 
 
 # -- lookups and life cycle ---------------------------------------------------
@@ -262,20 +268,36 @@ def _advance_group(stream, group, served: list) -> None:
     group.last_id = last_id
 
 
-def deliver_history(stream, consumer, start: StreamID, count: int, now_ms: int) -> list:
+def deliver_history(stream, consumer, start: StreamID, count: int, now_ms: int,
+                    dead_letters=None) -> list:
     """The consumer's own pending entries from `start` on (count 0 = all):
     [(StreamID, fields or None when the entry was deleted), ...]. Entries still
-    in the stream count as delivered again."""
+    in the stream count as delivered again; with `dead_letters` (the group's
+    dead_letters.DeadLetterTarget), one that would pass the group's max
+    deliveries is dead-lettered instead and left out of the reply (it counts
+    against `count`, so one command's work stays bounded)."""
     served = []
-    last_node = [None, None]             # stream.get's node cache: the stream does not change here
+    last_node = [None, None]             # stream.get's node cache: the dead-letter stream is another key
+    moved = []
     for sid, nack in consumer.pel.items(start):
-        if count and len(served) >= count:
+        if count and len(served) + len(moved) >= count:
             break
         fields = stream.get(sid, last_node)
         if fields is not None:
+            if dead_letters is not None and 0 < dead_letters.group.max_deliveries <= nack.delivery_count:
+                moved.append((sid, nack, fields))   # not while walking the PEL it leaves
+                continue
             nack.delivery_time = now_ms
             count_delivery(nack)
         served.append((sid, fields))
+    for sid, nack, fields in moved:
+        if not dead_letters.move(sid, nack, fields, now_ms, consumer.name):
+            # No `*` ID left in the dead-letter stream: delivered as usual after all.
+            nack.delivery_time = now_ms
+            count_delivery(nack)
+            served.append((sid, fields))
+    if moved:
+        served.sort(key=lambda item: item[0])
     return served
 
 

@@ -18,6 +18,9 @@
                                    also streams deleted or overwritten (redis
                                    signalDeletedKeyAsReady): a blocked
                                    XREADGROUP must then fail (-UNBLOCKED)
++-- side_writes: list[bytes]       keys written by the running command that its
+                                   arguments do not name (dead letters); the fsm
+                                   pops them for WATCH
 
 Invariant: slot_keys holds exactly the keys of `data`, each under key_slot(key);
 every insertion and removal of a key goes through set/delete/clear (or
@@ -54,6 +57,7 @@ class Keyspace:
     config: EngineConfig = field(default_factory=EngineConfig)
     ready: set = field(default_factory=set)
     slot_keys: dict = field(default_factory=dict)
+    side_writes: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.data:
@@ -141,6 +145,15 @@ class Keyspace:
     def signal_ready(self, key: bytes) -> None:
         """A list got elements or a stream got entries: blocked clients may proceed."""
         self.ready.add(key)
+
+    def note_side_write(self, key: bytes) -> None:
+        """A command wrote `key` though it does not name it (a dead letter,
+        dead_letters.py): the fsm counts it as modified for WATCH."""
+        self.side_writes.append(key)
+
+    def pop_side_writes(self) -> list:
+        written, self.side_writes = self.side_writes, []
+        return written
 
     def pop_ready_keys(self) -> set:
         ready, self.ready = self.ready, set()

@@ -4,7 +4,7 @@ All integers are big-endian. The whole record:
 
     +---------+---------+------------------+----------------------+-------------+
     | "XSTR"  | version |  entries_len u32 | entries (entries_len)| groups ...  |
-    | 4 bytes | u8 = 3  |                  | Stream.dump_entries()|             |
+    | 4 bytes | u8 = 4  |                  | Stream.dump_entries()|             |
     +---------+---------+------------------+----------------------+-------------+
     ... | idmp (version >= 2) | retention u8 (version >= 3) | crc32 u32 |  zlib.crc32 of all before it
 
@@ -26,6 +26,14 @@ All integers are big-endian. The whole record:
     +-----------+----------------------------------------------------------------+
     | nconsumers u32 | nconsumers x consumer                                     |
     +----------------+-----------------------------------------------------------+
+
+    Version 4 (dead-letter policies, dead_letters.py) appends to each group, after
+    its consumers:
+    +--------------------+-----------------------+-------------------------+
+    | max_deliveries u64 | dead_lettered u64     | dlq_len u32 | dlq key   |
+    +--------------------+-----------------------+-------------------------+
+    (dlq_len 0 and no key bytes when max_deliveries is 0). Records of versions
+    1-3 (no such fields: no policy, nothing dead-lettered) still load.
 
     consumer:
     +-----------+-----------+----------------+-----------+------------------+
@@ -63,12 +71,15 @@ import zlib
 
 from . import groups as g
 from . import idmp as im
+from .dead_letters import MAX_DELIVERIES_LIMIT
 from .rax import Rax
 from .stream import Stream
 from .streamid import StreamID
 
 MAGIC = b"XSTR"
-VERSION = 3                     # 2: the idmp section; 3: the retention byte; 1 and 2 still load
+VERSION = 4                     # 2: the idmp section; 3: the retention byte; 4: group policies
+READABLE_VERSIONS = (1, 2, 3, 4)
+POLICY_VERSION = 4              # groups carry their dead-letter policy from this version on
 _RETENTIONS = (None, "acked")   # the retention byte's values (refs.RETENTION_ACKED)
 NO_GROUPS = 0xFFFFFFFF          # ngroups value: cgroups is None
 
@@ -85,6 +96,7 @@ _ID_LEN = 16
 _HEADER = struct.Struct(">4sBI")    # magic, version, entries_len
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
+_POLICY = struct.Struct(">QQ")      # max_deliveries, dead_lettered (version 2)
 _ID = struct.Struct(">QQ")          # a 16-byte ID: ms, seq
 _NACK_REC = struct.Struct(">QQqQ")  # a group PEL record: ID, delivery_time, delivery_count
 _IDMP_HEAD = struct.Struct(">IIQQI")  # duration, maxsize, iids_added, iids_duplicates, npairs
@@ -146,6 +158,10 @@ def _dump_group(out: list, name: bytes, group) -> None:
         pack = _ID.pack
         for sid, _ in consumer.pel.items():
             out.append(pack(sid[0], sid[1]))
+    out.append(_POLICY.pack(group.max_deliveries, group.dead_lettered))
+    dead_letter_key = group.dead_letter_key if group.max_deliveries else b""
+    out.append(_U32.pack(len(dead_letter_key)))
+    out.append(dead_letter_key)
 
 
 # -- load ------------------------------------------------------------------------
@@ -196,7 +212,7 @@ def load_stream(buf) -> Stream:
     if zlib.crc32(buf[:body_end]) != _U32.unpack(buf[body_end:])[0]:
         raise CorruptStreamState("stream snapshot checksum mismatch")
     magic, version, entries_len = _HEADER.unpack_from(buf, 0)
-    if magic != MAGIC or version not in (1, 2, VERSION):
+    if magic != MAGIC or version not in READABLE_VERSIONS:
         raise CorruptStreamState("not a stream snapshot (magic/version)")
     reader = _Reader(buf, _HEADER.size, body_end)
     entries = reader.take(entries_len)
@@ -218,7 +234,7 @@ def load_stream(buf) -> Stream:
             if prev is not None and name <= prev:
                 raise CorruptStreamState("stream snapshot: groups out of order")
             prev = name
-            stream.cgroups.insert(name, _load_group(reader, stream))
+            stream.cgroups.insert(name, _load_group(reader, stream, version))
     if version >= 2:
         stream.idmp = _load_idmp(reader)
     if version >= 3:
@@ -265,7 +281,7 @@ def _read_id(reader: _Reader) -> StreamID:
     return StreamID._make(_ID.unpack(reader.take(_ID_LEN)))
 
 
-def _load_group(reader: _Reader, stream):
+def _load_group(reader: _Reader, stream, version: int):
     last_id = _read_id(reader)
     entries_read = reader.i64()
     if entries_read < g.ENTRIES_READ_UNKNOWN:
@@ -309,4 +325,19 @@ def _load_group(reader: _Reader, stream):
         group.consumers.insert(name, consumer)
     if owned != group.pel.numele:
         raise CorruptStreamState("stream snapshot: pending entry without an owner")
+    if version >= POLICY_VERSION:
+        _load_policy(reader, group)
     return group
+
+
+def _load_policy(reader: _Reader, group) -> None:
+    """A version-2 group's dead-letter policy and count (dead_letters.py)."""
+    max_deliveries, dead_lettered = _POLICY.unpack(reader.take(_POLICY.size))
+    if max_deliveries > MAX_DELIVERIES_LIMIT or dead_lettered > _INT64_MAX:
+        raise CorruptStreamState("stream snapshot: bad dead-letter policy")
+    dead_letter_key = reader.name("dead-letter key")
+    if bool(max_deliveries) != bool(dead_letter_key):
+        raise CorruptStreamState("stream snapshot: dead-letter key and policy disagree")
+    group.max_deliveries = max_deliveries
+    group.dead_lettered = dead_lettered
+    group.dead_letter_key = dead_letter_key if max_deliveries else None

@@ -236,6 +236,9 @@ class StateMachine:
         if spec.is_write:
             created = argv[2] if absent and self.keyspace.exists(argv[2]) else None
             self.versions.after_command(spec, argv, reply, self._index, removed, created)
+            if self.keyspace.side_writes:       # dead letters: keys the command does not name
+                for key in self.keyspace.pop_side_writes():
+                    self.versions.touch(bytes(key), self._index)
         return reply
 
     def _apply_multi(self, commands, now: int):

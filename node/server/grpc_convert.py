@@ -410,6 +410,10 @@ def group_info_pb(g: dict) -> pb.GroupInfo:
     out = pb.GroupInfo(name=g[b"name"], consumers=g[b"consumers"], pending=g[b"pending"],
                        last_delivered_id=parse_id(g[b"last-delivered-id"]))
     _set_optional(out, g)
+    if b"max-deliveries" in g:          # a dead-letter policy (engine/dead_letters.py)
+        out.max_deliveries = g[b"max-deliveries"]
+        out.dead_letter_key = g[b"dead-letter-key"] or b""
+        out.dead_lettered = g[b"dead-lettered"]
     return out
 
 

@@ -16,7 +16,7 @@ def test_deliveries_are_ordinary_stream_entries():
     d.id.ms = 6
     s2 = msg.delivery.streams.add(key=b"k2")
     s2.entries.add().id.seq = 1
-    session = ConsumerSession.__new__(ConsumerSession)
+    session = ConsumerSession(None, pb.ConsumeStart(keys=[b"k", b"k2"], group=b"g", consumer=b"c"))
     out = session._deliveries(msg.delivery.streams)
     want = [(b"k", StreamEntry(StreamID(5, 7), ((b"a", b"1"), (b"a", b"2")))),
             (b"k", StreamEntry(StreamID(6, 0), (), deleted=True)),
@@ -28,3 +28,7 @@ def test_deliveries_are_ordinary_stream_entries():
         assert hash(x.entry) == hash(entry) and repr(x.entry) == repr(entry)
         assert x.entry.fields_dict == entry.fields_dict
         assert str(x.id) == str(entry.id)
+    # The same entries again (a reconnect's replay) while still held: skipped.
+    assert session._deliveries(msg.delivery.streams) == []
+    session._held[b"k"].discard(StreamID(5, 7))        # its ack was confirmed
+    assert [x.id for x in session._deliveries(msg.delivery.streams)] == [StreamID(5, 7)]

@@ -157,22 +157,32 @@ def _groups_offset(buf: bytes) -> int:
     return 9 + entries_len
 
 
-def _one_group_record(name=b"g", last_id=b"\0" * 16, entries_read=-1, pel=(), consumers=()):
-    """pel: [(id16, time, count)]; consumers: [(name, seen, [id16, ...])]."""
+def _one_group_record(name=b"g", last_id=b"\0" * 16, entries_read=-1, pel=(), consumers=(),
+                      policy=(0, 0, b"")):
+    """pel: [(id16, time, count)]; consumers: [(name, seen, [id16, ...])];
+    policy: (max_deliveries, dead_lettered, dead-letter key) of a version-4
+    record, None for an older record (no policy fields)."""
     out = [struct.pack(">I", len(name)), name, last_id, struct.pack(">q", entries_read), struct.pack(">I", len(pel))]
     for key, t, c in pel:
         out += [key, struct.pack(">qQ", t, c)]
     out.append(struct.pack(">I", len(consumers)))
     for cname, seen, keys in consumers:
         out += [struct.pack(">I", len(cname)), cname, struct.pack(">qI", seen, len(keys))] + list(keys)
+    if policy is not None:
+        max_deliveries, dead_lettered, dead_letter_key = policy
+        out += [struct.pack(">QQI", max_deliveries, dead_lettered, len(dead_letter_key)), dead_letter_key]
     return b"".join(out)
 
 
-def _with_groups(group_records, count=None):
+def _with_groups(group_records, count=None, version=None):
     good = dump_stream(build([["XADD", "s", "1-1", "a", "b"], ["XADD", "s", "2-1", "a", "b"]]).get(b"s"))
     head = good[:_groups_offset(good)]
+    if version is not None:
+        head = head[:4] + bytes([version]) + head[5:]
     n = len(group_records) if count is None else count
-    return _refit(head + struct.pack(">I", n) + b"".join(group_records) + b"\x00\x00")   # no idmp table, no retention
+    # no idmp table (version >= 2), no retention (version >= 3)
+    tail = b"\x00\x00"[:max(0, min((version or 4) - 1, 2))]
+    return _refit(head + struct.pack(">I", n) + b"".join(group_records) + tail)
 
 
 ID1 = (1).to_bytes(8, "big") + (1).to_bytes(8, "big")
@@ -228,3 +238,38 @@ def test_bad_entries_section_rejected():
     body[0:4] = b"XXXX"
     with pytest.raises(CorruptStreamState):
         load_stream(_refit(bytes(body)))
+
+
+# -- version 4: dead-letter policies (dead_letters.py) ----------------------------
+
+def test_older_records_still_load_without_policy():
+    rec = _one_group_record(pel=[(ID1, 5, 1)], consumers=[(b"a", 7, [ID1])], policy=None)
+    for version in (1, 2, 3):
+        grp = load_stream(_with_groups([rec], version=version)).cgroups.find(b"g")
+        assert (grp.max_deliveries, grp.dead_letter_key, grp.dead_lettered) == (0, None, 0)
+    with pytest.raises(CorruptStreamState):         # a version-3 header with version-4 groups
+        load_stream(_with_groups([_one_group_record()], version=3))
+    with pytest.raises(CorruptStreamState):         # an unknown version
+        load_stream(_with_groups([_one_group_record()], version=5))
+
+
+def test_policy_round_trips():
+    db = build([["XADD", "{s}a", "1-1", "f", "v"], ["XGROUP", "CREATE", "{s}a", "g", "0"],
+                ["XRAFT.GROUPCFG", "{s}a", "g", "MAXDELIVERIES", "1", "DEADLETTER", "{s}dlq"],
+                ["XREADGROUP", "GROUP", "g", "c", "STREAMS", "{s}a", ">"],
+                ["XREADGROUP", "GROUP", "g", "c", "STREAMS", "{s}a", "0"]])
+    grp = load_stream(dump_stream(db.get(b"{s}a"))).cgroups.find(b"g")
+    assert (grp.max_deliveries, grp.dead_letter_key, grp.dead_lettered) == (1, b"{s}dlq", 1)
+    hand = load_stream(_with_groups([_one_group_record(policy=(3, 9, b"dl"))])).cgroups.find(b"g")
+    assert (hand.max_deliveries, hand.dead_letter_key, hand.dead_lettered) == (3, b"dl", 9)
+
+
+@pytest.mark.parametrize("policy, why", [
+    ((3, 0, b""), "a policy without a dead-letter key"),
+    ((0, 0, b"dl"), "a dead-letter key without a policy"),
+    ((1 << 63, 0, b"dl"), "max deliveries past the limit"),
+    ((1, 1 << 63, b"dl"), "dead-lettered count past int64"),
+])
+def test_bad_policy_rejected(policy, why):
+    with pytest.raises(CorruptStreamState):
+        load_stream(_with_groups([_one_group_record(policy=policy)]))
