@@ -22,6 +22,7 @@ from pyspark.sql.datasource import DataSource
 from .batch_read import BatchReader
 from .options import ReadOptions, flag
 from .rows import SCHEMA_BINARY, SCHEMA_STRING
+from .stream_read import StreamReader
 
 
 class XraftDataSource(DataSource):
@@ -34,3 +35,6 @@ class XraftDataSource(DataSource):
 
     def reader(self, schema):
         return BatchReader(ReadOptions.parse(self.options))
+
+    def streamReader(self, schema):
+        return StreamReader(ReadOptions.parse(self.options))
