@@ -20,8 +20,9 @@ are left out); see sink.py for the exactly-once contract.
 from pyspark.sql.datasource import DataSource
 
 from .batch_read import BatchReader
-from .options import ReadOptions, flag
+from .options import ReadOptions, WriteOptions, flag
 from .rows import SCHEMA_BINARY, SCHEMA_STRING
+from .sink import BatchWriter, StreamWriter
 from .stream_read import StreamReader
 
 
@@ -38,3 +39,9 @@ class XraftDataSource(DataSource):
 
     def streamReader(self, schema):
         return StreamReader(ReadOptions.parse(self.options))
+
+    def writer(self, schema, overwrite):
+        return BatchWriter(WriteOptions.parse(self.options), schema.fieldNames())
+
+    def streamWriter(self, schema, overwrite):
+        return StreamWriter(WriteOptions.parse(self.options), schema.fieldNames())
