@@ -10,7 +10,11 @@
                   history (XREADGROUP with an ID: its own pending entries, in order),
                   so a batch replayed after a restart reads the same entries again.
     commit(end)   XACK every entry of the consumer pending at or below end[s]: entries
-                  are acknowledged only once Spark has committed the batch.
+                  are acknowledged only once Spark has committed the batch. Spark signals
+                  commit(end) of a batch when it plans the next one, so the last batch of a
+                  run would stay pending until new data came: latestOffset(start) therefore
+                  acknowledges up to `start` first (Spark calls it only with the end of a
+                  batch it has committed; a batch replayed after a restart runs before it).
     initialOffset (a query without a checkpoint) creates the group where missing
                   (XGROUP CREATE ... MKSTREAM at `start`), and claims the pending entries
                   of the group's other consumers idle for claimMinIdleMs (XAUTOCLAIM): a
@@ -73,6 +77,7 @@ def initial(client, opts: ReadOptions, streams) -> dict:
 
 def latest(client, opts: ReadOptions, streams, begun: dict, budget) -> dict:
     total = budget if budget is not None else DEFAULT_GROUP_BATCH * len(streams)
+    commit(client, opts, begun)        # the batches up to `start` are committed (module doc)
     out, spare = {}, 0
     for s, share in zip(streams, shares(total, len(streams))):
         lo = begun.get(s, ZERO)
