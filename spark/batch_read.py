@@ -59,16 +59,24 @@ def plan(client, opts: ReadOptions, streams) -> list:
     return out
 
 
-def read_partition(opts: ReadOptions, part: RangePartition):
-    """Arrow batches of one range partition (runs in an executor)."""
+def read_pages(opts: ReadOptions, stream: str, pages):
+    """Arrow batches of the entry pages `pages(client)` yields for `stream`, on a client of
+    this task's own (runs in an executor)."""
     schema = arrow_schema(opts.binary)
-    slot = cluster.slot_of(part.stream)
+    slot = cluster.slot_of(stream)
     client = cluster.open_client(opts.conn)
     try:
-        for entries in cluster.read_range(client, part.stream, part.lo, part.hi, opts.page):
-            yield to_batch(part.stream, slot, entries, schema, opts.binary)
+        for entries in pages(client):
+            if entries:
+                yield to_batch(stream, slot, entries, schema, opts.binary)
     finally:
         client.close()
+
+
+def read_partition(opts: ReadOptions, part: RangePartition):
+    """Arrow batches of one range partition (runs in an executor)."""
+    return read_pages(opts, part.stream,
+                      lambda client: cluster.read_range(client, part.stream, part.lo, part.hi, opts.page))
 
 
 class BatchReader(DataSourceReader):

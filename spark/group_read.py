@@ -33,10 +33,9 @@ from pyspark.sql.datasource import InputPartition
 from xraft.client.errors import BusyGroupError
 from xraft.client.types import StreamID
 
-from . import cluster
+from .batch_read import read_pages
 from .ids import ZERO, prev_id, shares
 from .options import DEFAULT_GROUP_BATCH, ReadOptions
-from .rows import arrow_schema, to_batch
 
 CLAIM_PAGE = 1000
 ACK_PAGE = 1000
@@ -94,25 +93,22 @@ def latest(client, opts: ReadOptions, streams, begun: dict, budget) -> dict:
     return out
 
 
+def pending_pages(client, opts: ReadOptions, part: GroupPartition):
+    """Pages of the consumer's pending entries lo < id <= hi, deleted ones left out."""
+    after = part.lo
+    while after < part.hi:
+        got = _entries(client.xreadgroup(opts.group, opts.consumer, {part.stream: str(after)}, count=opts.page),
+                       part.stream)
+        inside = [e for e in got if e.id <= part.hi]
+        yield [e for e in inside if not e.deleted]
+        if len(inside) < len(got) or len(got) < opts.page:
+            return
+        after = got[-1].id
+
+
 def read_partition(opts: ReadOptions, part: GroupPartition):
     """Arrow batches of the consumer's pending entries lo < id <= hi (runs in an executor)."""
-    schema = arrow_schema(opts.binary)
-    slot = cluster.slot_of(part.stream)
-    client = cluster.open_client(opts.conn)
-    try:
-        after = part.lo
-        while after < part.hi:
-            got = _entries(client.xreadgroup(opts.group, opts.consumer, {part.stream: str(after)},
-                                             count=opts.page), part.stream)
-            inside = [e for e in got if e.id <= part.hi]
-            live = [e for e in inside if not e.deleted]
-            if live:
-                yield to_batch(part.stream, slot, live, schema, opts.binary)
-            if len(inside) < len(got) or len(got) < opts.page:
-                return
-            after = got[-1].id
-    finally:
-        client.close()
+    return read_pages(opts, part.stream, lambda client: pending_pages(client, opts, part))
 
 
 def commit(client, opts: ReadOptions, end: dict) -> None:

@@ -171,6 +171,7 @@ class WriteOptions:
     fields: tuple | None              # columns written as fields (None: every column)
     chunk: int
     maxlen: int | None
+    password: str | None              # the nodes' RESP --requirepass (the sink's transactions go over RESP)
 
     @classmethod
     def parse(cls, options) -> "WriteOptions":
@@ -180,4 +181,4 @@ class WriteOptions:
             raise OptionError("stream", "required: the stream the rows are added to")
         fields = tuple(_list(_get(options, "fields"))) or None
         return cls(conn, str(stream), fields, _int(options, "chunkSize", DEFAULT_WRITE_CHUNK, 1, MAX_WRITE_CHUNK),
-                   _int(options, "maxlen", None, 1, 1 << 62))
+                   _int(options, "maxlen", None, 1, 1 << 62), _get(options, "password"))

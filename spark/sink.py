@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import AskError, BusyLoadingError, ClusterDownError, TryAgainError
 from redis.retry import Retry
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
@@ -57,11 +58,12 @@ from . import cluster
 from .options import WriteOptions
 
 MARKER = "xraft-sink"
-# Replies that mean "nothing was done here, go elsewhere or wait" (node/server/wire_errors.py),
-# and UNKNOWNOUTCOME: the marker settles whether the attempt was applied.
-RETRY_PREFIXES = ("MOVED", "ASK", "NOTLEADER", "TRYAGAIN", "CLUSTERDOWN", "UNAVAILABLE", "LOADING", "BUSY",
-                  "TIMEOUT", "UNKNOWNOUTCOME")
+# xraft's replies that mean "nothing was done here, go elsewhere or wait" (node/server/wire_errors.py)
+# and that redis-py leaves as plain ResponseErrors, and UNKNOWNOUTCOME: the marker settles whether
+# the attempt was applied.
+RETRY_PREFIXES = ("NOTLEADER", "UNAVAILABLE", "BUSY ", "TIMEOUT", "UNKNOWNOUTCOME")
 BACKOFF_S = (0.02, 1.0)
+MAX_REDIRECTS = 8                    # redirects followed in a row before backing off
 
 
 class SinkError(XRaftError):
@@ -147,14 +149,14 @@ class ChunkWriter:
         if r is None:
             host, port = self.address.rsplit(":", 1)
             r = self.conns[self.address] = redis.Redis(
-                host=host, port=int(port), password=self.opts.conn.token, socket_timeout=self.opts.conn.timeout,
+                host=host, port=int(port), password=self.opts.password, socket_timeout=self.opts.conn.timeout,
                 socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0))   # never a blind resend
         return r
 
     def write(self, chunk: int, entries: list) -> bool:
         """Write one chunk unless an earlier attempt did; True if this call added it."""
         deadline = time.monotonic() + self.opts.conn.timeout
-        attempt = 0
+        attempt = hops = 0
         while True:
             try:
                 return self._attempt(chunk, entries)
@@ -163,16 +165,25 @@ class ChunkWriter:
             except (redis.ConnectionError, redis.TimeoutError) as e:
                 last = e
                 self.address = None
+            except (AskError, TryAgainError, ClusterDownError, BusyLoadingError) as e:
+                # redis-py's own classes for MOVED/ASK, TRYAGAIN, CLUSTERDOWN, LOADING (their
+                # text has the prefix cut off); MOVED and ASK name the node to go to.
+                last = e
+                self.address = f"{e.host}:{e.port}" if isinstance(e, AskError) else None
+                if self.address and hops < MAX_REDIRECTS:
+                    hops += 1                # straight to the named node, no backoff
+                    continue
             except redis.ResponseError as e:
                 text = str(e)
                 if not text.startswith(RETRY_PREFIXES):
                     raise SinkError(f"stream {self.opts.stream!r}: {text}") from e
                 last = e
                 parts = text.split()
-                named = parts[-1] if parts[0] in ("MOVED", "ASK", "NOTLEADER") and ":" in parts[-1] else None
-                self.address = named
-                if named:
+                self.address = parts[1] if parts[0] == "NOTLEADER" and ":" in parts[-1] else None
+                if self.address and hops < MAX_REDIRECTS:
+                    hops += 1
                     continue
+            hops = 0
             if time.monotonic() > deadline:
                 raise SinkError(f"stream {self.opts.stream!r}: retries ran out of time; last error: {last}") from last
             base, cap = BACKOFF_S

@@ -11,7 +11,8 @@ Options (names are case-insensitive, as everywhere in Spark):
                 entriesPerPartition (batch), maxEntriesPerTrigger (streaming),
                 group + consumer (streaming consumer-group mode), claimMinIdleMs
   writing       stream (required), fields (columns to write; default all), chunkSize
-                (entries per atomic write), maxlen (XADD MAXLEN ~)
+                (entries per atomic write), maxlen (XADD MAXLEN ~), password (the nodes'
+                RESP --requirepass: the sink's transactions go over RESP)
 
 Columns read: stream, id, ms, seq, fields, slot (rows.py). Rows written: each
 chosen column becomes one XADD field (a map column gives its entries; nulls

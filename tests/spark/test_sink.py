@@ -46,6 +46,22 @@ def test_chunk_applied_twice_adds_nothing(xcluster):
         c.close()
 
 
+def test_chunk_writer_follows_redirects(xcluster):
+    """Started at every node in turn (two of them do not lead the stream's group: MOVED or
+    NOTLEADER), each chunk lands once."""
+    c = sdk(xcluster)
+    opts = WriteOptions.parse({"seeds": seeds(xcluster), "stream": "out:moved"})
+    try:
+        for chunk, node in enumerate(xcluster.nodes.values()):
+            w = ChunkWriter(opts, marker_key("out:moved", "q", 0), 1)
+            w.address = node.resp
+            assert w.write(chunk, [{"chunk": str(chunk)}]) is True
+            w.close()
+        assert [e.fields_dict[b"chunk"] for e in c.xrange("out:moved")] == [b"0", b"1", b"2"]
+    finally:
+        c.close()
+
+
 def test_stream_sink_replayed_batch_adds_nothing(spark, xcluster, tmp_path):
     """A micro-batch run again (its commit mark dropped, as after a crash before the commit)
     writes its rows once: the target equals the source, entry for entry."""
