@@ -6,11 +6,14 @@ A local 3-node cluster (3 Raft groups, ops.local_cluster) and a local[2]
 SparkSession (this machine has 2 cores). Four streams (one hash tag each, so
 they spread over the groups) get --entries entries in all.
 
-* sdk_write_entries_per_s: one sync SDK client, xadd_multi of 500 entries per
-  stream per call (the four streams' batches go to their leaders in parallel);
+* sdk_write_entries_per_s: one sync SDK client writing N entries to one stream,
+  xadd_batch of 500 after 500 (the Spark sink writes to one stream too, so both
+  go through one Raft group's leader);
 * spark_write_entries_per_s: spark.range(N) with the same fields, written with
   .format("xraft") to one stream (chunkSize 500: one WATCH/MULTI/EXEC per chunk,
   two tasks at once), after a small warm-up write (JVM, workers);
+* sdk_preload_entries_per_s (context): the preload of the four read streams,
+  xadd_multi of 500 entries per stream per call (their groups' leaders in parallel);
 * sdk_read_entries_per_s: one sync SDK client, XRANGE pages of 1000, stream by stream;
 * spark_read_entries_per_s: spark.read.format("xraft") of the four streams into
   the "noop" sink (every row materialised, nothing written), after a warm-up read.
@@ -39,7 +42,16 @@ def fields(i: int) -> dict:
     return {"sensor": f"sensor-{i % 64}", "value": str(i % 1000), "unit": "celsius"}
 
 
-def sdk_write(client, total: int) -> float:
+def sdk_write_one(client, total: int) -> float:
+    t = time.perf_counter()
+    for start in range(0, total, BATCH):
+        for r in client.xadd_batch("bench:{sdkout}", [fields(start + i) for i in range(min(BATCH, total - start))]):
+            if isinstance(r, Exception):
+                raise r
+    return total / (time.perf_counter() - t)
+
+
+def sdk_preload(client, total: int) -> float:
     per_stream = total // len(STREAMS)
     t = time.perf_counter()
     for start in range(0, per_stream, BATCH):
@@ -119,8 +131,11 @@ def main(argv=None) -> int:
     client = sync.Client(seeds, timeout=60)
     spark = None
     try:
-        sdk_w = sdk_write(client, total)
-        print(f"SDK write     {sdk_w:10,.0f} entries/s  ({total:,} entries, xadd_multi of {BATCH} per stream)")
+        preload = sdk_preload(client, total)
+        print(f"SDK preload   {preload:10,.0f} entries/s  ({total:,} entries in 4 streams, xadd_multi of {BATCH} "
+              "per stream)")
+        sdk_w = sdk_write_one(client, total)
+        print(f"SDK write     {sdk_w:10,.0f} entries/s  ({total:,} entries to one stream, xadd_batch of {BATCH})")
         read_n, sdk_r = sdk_read(client)
         print(f"SDK read      {sdk_r:10,.0f} entries/s  ({read_n:,} entries, XRANGE pages of 1000)")
         spark = session()
@@ -134,7 +149,7 @@ def main(argv=None) -> int:
         print(f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end")
         figures = {"spark_read_entries_per_s": round(spark_r), "sdk_read_entries_per_s": round(sdk_r),
                    "spark_write_entries_per_s": round(spark_w), "sdk_write_entries_per_s": round(sdk_w),
-                   "entries": total, "read_ratio": round(spark_r / sdk_r, 3),
+                   "sdk_preload_entries_per_s": round(preload), "entries": total, "read_ratio": round(spark_r / sdk_r, 3),
                    "write_ratio": round(spark_w / sdk_w, 3), "load_avg_start": load_start[0],
                    "load_avg_end": load_end[0]}
         if args.json:
