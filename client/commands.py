@@ -30,6 +30,10 @@ def _ids(ids) -> list:
     return [StreamID.parse(i).to_pb() for i in ids]
 
 
+def _id_texts(ids) -> list:
+    return [str(StreamID.parse(i)) for i in ids]
+
+
 def _block_timeout(block_ms, timeout):
     """The call's timeout for a blocking form: BLOCK 0 waits as long as the
     caller allows (None = no deadline)."""
@@ -42,18 +46,25 @@ class Commands:
     # -- streams: writes -------------------------------------------------------------
 
     async def xadd(self, key, fields, id="*", *, nomkstream=False, maxlen=None, minid=None,
-                   approximate=False, limit=None, timeout=None):
+                   approximate=False, limit=None, timeout=None, idempotent_id=None):
         """XADD: the new entry's StreamID, or None (NOMKSTREAM, no stream)."""
         [result] = await self.xadd_batch(key, [(id, fields)], nomkstream=nomkstream, maxlen=maxlen, minid=minid,
-                                         approximate=approximate, limit=limit, timeout=timeout, raise_errors=True)
+                                         approximate=approximate, limit=limit, timeout=timeout, raise_errors=True,
+                                         idempotent_ids=None if idempotent_id is None else [idempotent_id])
         return result
 
     async def xadd_batch(self, key, entries, *, nomkstream=False, maxlen=None, minid=None, approximate=False,
-                         limit=None, timeout=None, raise_errors=False):
+                         limit=None, timeout=None, raise_errors=False, idempotent=None, idempotent_ids=None):
         """Append several entries in one log record. `entries`: field mappings
         (ID "*") or (id, fields) pairs. One result per entry: StreamID, None
         (NOMKSTREAM), or the entry's XRaftError (returned, not raised, unless
-        `raise_errors`): one entry's failure does not undo the others."""
+        `raise_errors`): one entry's failure does not undo the others.
+
+        Idempotent producer (Redis 8.6 IDMP): when `idempotent` (default: the
+        client's idempotent_producer) and every ID is "*", the request carries
+        the client's producer_id and one idempotent id per entry
+        (`idempotent_ids`, or fresh ones), so resending it never duplicates;
+        an entry already added answers its first ID."""
         req = pb.XAddRequest(key=to_bytes(key), no_mkstream=nomkstream)
         trim = trim_to_pb(maxlen, minid, approximate, limit)
         if trim is not None:
@@ -73,6 +84,8 @@ class Commands:
             for k, v in (fields.items() if isinstance(fields, dict) else fields):
                 put(name=k if k.__class__ is bytes else to_bytes(k),
                     value=v if v.__class__ is bytes else to_bytes(v))
+        if idempotent_ids is not None or (self.idempotent_producer if idempotent is None else idempotent):
+            self._set_idempotent_ids(req, idempotent_ids)
         resp = await self._unary("XAdd", req, write=True, timeout=timeout, keys=req.key)
         out = []
         new_id = StreamID
@@ -89,6 +102,22 @@ class Commands:
                     raise err
                 out.append(err)
         return out
+
+    def _set_idempotent_ids(self, req, idempotent_ids) -> None:
+        """IDMP producer_id + per-entry ids on an XAddRequest whose IDs are all "*"."""
+        if any(e.WhichOneof("id") is not None for e in req.entries):
+            if idempotent_ids is not None:
+                raise ValueError("idempotent ids need '*' IDs")
+            return
+        req.producer_id = self.producer_id
+        if idempotent_ids is None:
+            for e, n in zip(req.entries, self._iids(len(req.entries))):
+                e.idempotent_id = b"%x" % n
+            return
+        if len(idempotent_ids) != len(req.entries):
+            raise ValueError("one idempotent id per entry")
+        for e, iid in zip(req.entries, idempotent_ids):
+            e.idempotent_id = iid if iid.__class__ is bytes else to_bytes(iid)
 
     async def xadd_multi(self, batches: dict, *, timeout=None, **options) -> dict:
         """XADD to several streams at once: {key: entries} -> {key: results}.
@@ -380,6 +409,25 @@ class Commands:
     async def llen(self, key, *, timeout=None) -> int:
         req = pb.ListLenRequest(key=to_bytes(key))
         return (await self._unary("ListLen", req, write=False, timeout=timeout, keys=req.key)).length
+
+    # -- Redis 8.x stream commands (through Execute; docs/streams-8x.md) -------------------
+
+    async def xdelex(self, key, *ids, policy="KEEPREF", timeout=None) -> list:
+        """XDELEX key KEEPREF|DELREF|ACKED IDS n id...: per ID 1 deleted, -1 absent, 2 kept (ACKED)."""
+        return await self.execute("XDELEX", key, policy, "IDS", len(ids), *_id_texts(ids), timeout=timeout)
+
+    async def xackdel(self, key, group, *ids, policy="KEEPREF", timeout=None) -> list:
+        """XACKDEL key group KEEPREF|DELREF|ACKED IDS n id...: per ID 1, -1 or 2 (ACKED, kept)."""
+        return await self.execute("XACKDEL", key, group, policy, "IDS", len(ids), *_id_texts(ids), timeout=timeout)
+
+    async def xcfgset(self, key, *, idmp_duration=None, idmp_maxsize=None, retention=None, timeout=None) -> None:
+        """XCFGSET key [IDMP-DURATION s] [IDMP-MAXSIZE n] [RETENTION ACKED|NONE]."""
+        argv = ["XCFGSET", key]
+        for name, value in (("IDMP-DURATION", idmp_duration), ("IDMP-MAXSIZE", idmp_maxsize),
+                            ("RETENTION", retention)):
+            if value is not None:
+                argv += [name, value]
+        await self.execute(*argv, timeout=timeout)
 
     # -- anything else -------------------------------------------------------------------
 

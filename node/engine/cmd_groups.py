@@ -12,6 +12,7 @@ from ..invariant import invariant
 from . import groups as g
 from .commands import BLOCKING, INTERNAL, READONLY, WRITE, command, unknown_subcommand
 from .errors import CommandError, NoGroupError, syntax_error, wrong_arity
+from .refs import apply_retention
 from .replies import NULL_ARRAY, OK, PairMap, Status, WouldBlock
 from .stream import Stream
 from .stream_args import (
@@ -335,6 +336,8 @@ def xack(db, argv, now_ms):
             owner_removed, _ = nack.consumer.pel.remove(sid)
             invariant(owner_removed, "a pending entry is in its owner's PEL")
             acked += 1
+    if acked and stream.retention is not None:
+        apply_retention(stream)             # XCFGSET RETENTION ACKED (refs.py)
     return acked
 
 

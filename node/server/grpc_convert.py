@@ -103,6 +103,8 @@ def xadd_batch(r: pb.XAddRequest):
     without = []
     items = []
     add = items.append
+    pid = r.producer_id or None
+    iids = [] if pid is not None else None
     for i, e in enumerate(r.entries):
         fields = e.fields
         if not fields:
@@ -114,6 +116,10 @@ def xadd_batch(r: pb.XAddRequest):
             put(f.name)
             put(f.value)
         kind = e.WhichOneof("id")
+        if iids is not None:
+            if kind is not None:
+                raise ArgumentError("ERR IDMP/IDMPAUTO can be used only with auto-generated IDs")
+            iids.append(e.idempotent_id or None)
         if kind is None:
             add((IdKind.AUTO, 0, 0, flat))
         elif kind == "auto_seq_ms":
@@ -124,7 +130,7 @@ def xadd_batch(r: pb.XAddRequest):
     if not items:
         return None, without
     return XAddBatch.build(r.key, items, no_mkstream=r.no_mkstream, strategy=strategy, approx=approx,
-                           threshold=threshold, limit=limit), without
+                           threshold=threshold, limit=limit, idmp_pid=pid, idmp_iids=iids), without
 
 
 def xrange_argv(r: pb.XRangeRequest, reverse: bool) -> list:

@@ -1,0 +1,36 @@
+"""The SDK's Redis 8.x stream calls against a real gRPC server (in-process,
+LocalBackend): the IDMP producer (default on: a resend of the same request
+adds nothing; two clients with the same producer id and message ids dedup),
+xcfgset, xdelex and xackdel."""
+from tests.client import run, serving
+from xraft.client.aio import Client
+from xraft.client.types import StreamID
+from xraft.node.server.backend import LocalBackend
+
+NOW = 1_700_000_000_000
+
+
+def test_idmp_producer_and_ack_aware_deletion():
+    async def body():
+        async with serving(LocalBackend(clock=lambda: NOW)) as (addr, _, _s):
+            async with Client([addr], timeout=5, producer_id="checkout-7") as a, \
+                    Client([addr], timeout=5, producer_id="checkout-7") as b:
+                first = await a.xadd_batch("s", [{"n": 1}, {"n": 2}], idempotent_ids=["m1", "m2"])
+                again = await b.xadd_batch("s", [{"n": 1}, {"n": 2}], idempotent_ids=["m1", "m2"])
+                assert first == again and await a.xlen("s") == 2
+                own = await a.xadd("s", {"n": 3})          # fresh idempotent id per entry
+                assert own not in first and await a.xlen("s") == 3
+                plain = await a.xadd_batch("s", [{"n": 3}], idempotent=False)
+                assert plain[0] != own
+                info = await a.execute("XINFO", "STREAM", "s")
+                assert (info[b"iids-added"], info[b"iids-duplicates"]) == (3, 2)
+
+                await a.xgroup_create("s", "g", "0")
+                await a.xcfgset("s", idmp_duration=300, retention="ACKED")
+                got = await a.xreadgroup("g", "c", {"s": ">"}, count=2)
+                ids = [e.id for e in got[b"s"]]
+                assert await a.xackdel("s", "g", ids[1], policy="ACKED") == [1]
+                assert await a.xlen("s") == 3                   # ids[0] pending: retention keeps the head
+                assert await a.xdelex("s", ids[0], StreamID(1, 1), policy="DELREF") == [1, -1]
+                assert (await a.execute("XPENDING", "s", "g"))[0] == 0
+    run(body)
