@@ -2,7 +2,8 @@
 
 `xraft` is a namespace package with no folder of its own: `xraft.node` lives in
 `node/`, `xraft.client` in `client/`, `xraft.proto` in `proto/` and `xraft.ops` in
-`ops/`. Sub-packages are found by walking each folder for `__init__.py`, so adding
+`ops/`, `xraft.spark` (the PySpark connector, extra `xraft[spark]`) in `spark/`.
+Sub-packages are found by walking each folder for `__init__.py`, so adding
 one needs no edit here.
 
 `xraft.proto.v1`'s modules are generated from proto/xraft/v1/*.proto by the
@@ -18,7 +19,8 @@ from setuptools import Command, setup
 from setuptools.command.build import build
 from setuptools.command.build_py import build_py
 
-ROOTS = {"xraft.node": "node", "xraft.client": "client", "xraft.proto": "proto", "xraft.ops": "ops"}
+ROOTS = {"xraft.node": "node", "xraft.client": "client", "xraft.proto": "proto", "xraft.ops": "ops",
+         "xraft.spark": "spark"}
 
 
 def _packages():
