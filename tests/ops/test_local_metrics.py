@@ -1,6 +1,7 @@
 """`xraftctl local up --metrics-base-port`: every node serves /metrics, and `local status`
 shows each follower's lag from the leader's metrics."""
 import json
+import time
 
 from xraft.ops import local_cluster as lc
 from xraft.ops import metrics_scrape
@@ -19,9 +20,16 @@ def test_e2e_local_cluster_serves_metrics_and_status_shows_lag(cluster_dir):  # 
     for i in range(10):
         client.xadd("s", {"n": i})
     client.close()
+    # A follower applies the writes after the leader acknowledged them: wait (bounded) until
+    # every node's applied index shows them, rather than reading it once right away.
     for node in cluster.nodes:
-        samples = metrics_scrape.scrape(node.metrics, timeout=5)
-        applied = [v for name, labels, v in samples if name == "xraft_raft_applied_index"]
+        deadline = time.monotonic() + 20
+        while True:
+            samples = metrics_scrape.scrape(node.metrics, timeout=5) or []
+            applied = [v for name, labels, v in samples if name == "xraft_raft_applied_index"]
+            if (applied and applied[0] >= 11) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert applied and applied[0] >= 11, (node.id, applied)
     rows = json.loads(_ctl("local", "status", "--dir", cluster_dir, "--json").stdout)
     lags = {r["id"]: r["lag"] for r in rows}
