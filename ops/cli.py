@@ -237,5 +237,9 @@ def rebalance(conn, dry_run, as_json):
     click.echo(json.dumps(plan, indent=2) if as_json else cluster_admin.plan_text(plan))
 
 
+from .hanet_cli import hosts as _hosts, nemesis as _nemesis  # noqa: E402  (namespace harness, nemesis runs)
+main.add_command(_hosts)
+main.add_command(_nemesis)
+
 if __name__ == "__main__":
     sys.exit(main())
