@@ -41,16 +41,25 @@ class Nemesis(threading.Thread):
         self.injected: dict = {}
         self.error: Optional[BaseException] = None
         self.skipped: dict = {}
+        self._round: list = []
+
+    def next_kind(self) -> str:
+        """Kinds in rounds, each round a fresh shuffle: a short run still sees every kind."""
+        if not self._round:
+            self._round = list(self.kinds)
+            self.rng.shuffle(self._round)
+        return self._round.pop()
 
     def run(self) -> None:
         try:
             while not self.stop_event.wait(self.interval):
-                kind = self.rng.choice(self.kinds)
+                kind = self.next_kind()
                 try:
                     detail = self.inject(kind)
                 except fl.FaultUnsupported as e:
                     self.skipped[kind] = str(e)
                     self.kinds = [k for k in self.kinds if k != kind] or ["partition"]
+                    self._round = [k for k in self._round if k != kind]
                     continue
                 self.history.event("nemesis", "start", {"kind": kind, "detail": detail})
                 self.injected[kind] = self.injected.get(kind, 0) + 1
@@ -229,19 +238,17 @@ def final_state(cluster: lc.ClusterInfo, history: wl.History, rng: random.Random
 
 
 def replica_states(cluster: lc.ClusterInfo) -> dict:
-    """{node id: {"applied", "state" (sha256 of its READONLY reads)}}, taken when every
-    node reports the same applied index before and after its reads."""
+    """{node id: {"applied", "state" (sha256 of its READONLY reads)}}: retried until every
+    node's state was read at one applied index of its own (unchanged across the reads) and
+    all states agree, or SETTLE_TIMEOUT_S passed (then the last readings, for the checker)."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     states = {}
     while time.monotonic() < deadline:
-        states = {}
-        for node in cluster.nodes:
-            states[str(node.id)] = _replica_state(node)
-        applied = {s["applied"] for s in states.values()}
-        if len(applied) == 1 and None not in applied and all(s["stable"] for s in states.values()):
+        states = {str(node.id): _replica_state(node) for node in cluster.nodes}
+        if all(s["stable"] for s in states.values()) and len({s["state"] for s in states.values()}) == 1:
             break
         time.sleep(0.5)
-    return {k: {"applied": v["applied"], "state": v["state"]} for k, v in states.items()}
+    return {k: {"applied": v["applied"] if v["stable"] else None, "state": v["state"]} for k, v in states.items()}
 
 
 def _replica_state(node: lc.NodeInfo) -> dict:
@@ -313,7 +320,7 @@ def draw(records: list, path: str) -> None:
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
     colors = {"ok": "tab:blue", "fail": "tab:red", "info": "tab:orange"}
     for type_, color in colors.items():
-        pts = [(o.invoke, (min(o.complete, o.invoke + 10) - o.invoke) * 1000) for o in ops if o.type == type_]
+        pts = [(o.invoke, (o.extra.get("gave_up", o.complete) - o.invoke) * 1000) for o in ops if o.type == type_]
         if pts:
             ax1.scatter([p[0] for p in pts], [max(p[1], 0.01) for p in pts], s=2, c=color, label=type_)
     ax1.set_yscale("log")

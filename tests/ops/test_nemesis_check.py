@@ -180,7 +180,7 @@ def test_a_lost_push_is_excused_by_a_pop_of_unknown_outcome():
 def test_replicas_differ_or_not_converged():
     diff = {"1": {"applied": 5, "state": "x"}, "2": {"applied": 5, "state": "y"}}
     assert counts(clean().final(**dict(CLEAN_FINAL, replicas=diff)))["replicas"] == 1
-    behind = {"1": {"applied": 5, "state": "x"}, "2": {"applied": 4, "state": "x"}}
+    behind = {"1": {"applied": 5, "state": "x"}, "2": {"applied": None, "state": "unreadable: timeout"}}
     details = nc.check(clean().final(**dict(CLEAN_FINAL, replicas=behind)))["details"]["replicas"]
     assert details[0]["kind"] == "not-converged"
 
