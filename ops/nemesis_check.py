@@ -185,6 +185,9 @@ def check_groups(ops: list, final: dict) -> list:
             if o.type != "ok":
                 continue
             for entry_id in o.result or []:
+                if o.f == "consume" and any(d.f == "consume" and d.extra.get("consumer") == consumer
+                                            for d in deliveries[(o.key, entry_id)]):
+                    continue    # a Consume session's replay of its own pending entry after a failover
                 deliveries[(o.key, entry_id)].append(o)
                 if o.f != "xautoclaim":
                     new_deliveries[(o.key, entry_id)].append(o)

@@ -149,6 +149,8 @@ def _run(dir_, out, time_s, kinds, seed, interval, hold, progress) -> dict:
     time.sleep(2.0)     # clients see the healed cluster: ops after the heal show it recovered
     stop.set()
     for w in workers:
+        getattr(w, "interrupt", lambda: None)()
+    for w in workers:
         w.join(wl.OP_TIMEOUT_S * 4)
     progress("healed; draining and reading the final state")
     final = final_state(cluster, history, rng)
@@ -253,25 +255,46 @@ def replica_states(cluster: lc.ClusterInfo) -> dict:
 
 def _replica_state(node: lc.NodeInfo) -> dict:
     r = lc.resp_client(node.resp, 5.0, decode_responses=True)
+    r.response_callbacks.clear()     # raw replies (redis-py's XPENDING parser expects a summary)
+
+    def applied() -> int:
+        for line in r.execute_command("INFO", "raft").splitlines():
+            if line.startswith("raft_applied_index:"):
+                return int(line.split(":", 1)[1])
+        raise ValueError("INFO raft has no raft_applied_index")
+
+    def read(*args):
+        # An error reply is part of the state too (a missing key on one replica only is a difference).
+        try:
+            return r.execute_command(*args)
+        except redis_errors() as e:
+            if isinstance(e, (OSError, ConnectionError)) or not str(e):
+                raise
+            return f"error: {e}"
     try:
-        before = r.info("raft").get("raft_applied_index")
+        before = applied()
         r.execute_command("READONLY")
         keys = [wl.STREAM, wl.LIST, wl.LIST2, *wl.REGISTERS]
-        state = {k: [r.execute_command("TYPE", k)] for k in keys}
-        state[wl.STREAM] += [r.execute_command("XRANGE", wl.STREAM, "-", "+"),
-                             r.execute_command("XINFO", "GROUPS", wl.STREAM),
-                             r.execute_command("XPENDING", wl.STREAM, wl.GROUP, "-", "+", 1_000_000)]
+        state = {k: [read("TYPE", k)] for k in keys}
+        state[wl.STREAM] += [read("XRANGE", wl.STREAM, "-", "+"), read("XINFO", "GROUPS", wl.STREAM),
+                             _without_idle(read("XPENDING", wl.STREAM, wl.GROUP, "-", "+", 1_000_000))]
         for k in (wl.LIST, wl.LIST2):
-            state[k].append(r.execute_command("LRANGE", k, 0, -1))
+            state[k].append(read("LRANGE", k, 0, -1))
         for k in wl.REGISTERS:
-            state[k].append(r.execute_command("XRANGE", k, "-", "+"))
-        after = r.info("raft").get("raft_applied_index")
+            state[k].append(read("XRANGE", k, "-", "+"))
+        after = applied()
         digest = hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()
         return {"applied": after, "stable": before == after, "state": digest}
     except Exception as e:       # a node that does not answer has no state: not-converged
-        return {"applied": None, "stable": False, "state": f"unreadable: {e}"}
+        return {"applied": None, "stable": False, "state": f"unreadable: {e!r}"}
     finally:
         r.close()
+
+
+def _without_idle(pel):
+    """XPENDING's [id, consumer, idle ms, count] without the idle time: it is each node's
+    own clock since the delivery, not replicated state."""
+    return pel if isinstance(pel, str) else [[p[0], p[1], p[3]] for p in pel]
 
 
 # -- the report ----------------------------------------------------------------------------

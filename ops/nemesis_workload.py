@@ -358,6 +358,42 @@ class SdkGroupReader(SdkWorker):
             self.record("xack", STREAM, ack, lambda: self.client.xack(STREAM, GROUP, *ack))
 
 
+class SdkConsumer(SdkWorker):
+    """gRPC Consume: one streaming session; each delivery is an op `consume` from the moment
+    the worker waits for it. After a failover the session replays this consumer's pending
+    entries (at least once), so a repeat to the same consumer is not a second `>` delivery
+    (nemesis_check knows). The session is closed from outside at the end (interrupt)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.session = None
+
+    def step(self):
+        consumer = self.base
+        self.session = self.client.consume([STREAM], GROUP, consumer, max_unacked=50)
+        deliveries = iter(self.session)
+        while not self.stop_event.is_set():
+            holder = []
+
+            def next_delivery():
+                holder.append(next(deliveries))
+                return [str(holder[0].id)]
+            outcome, _ = self.record("consume", STREAM, None, next_delivery, consumer=consumer)
+            if outcome != "ok":
+                return          # the session ended: a new one on the next step
+            if self.rng.random() < 0.7:
+                d = holder[0]
+                self.record("xack", STREAM, [str(d.id)], d.ack)
+
+    def interrupt(self) -> None:
+        session = self.session
+        if session is not None:
+            try:
+                session.close()
+            except Exception:   # already ended: nothing left to stop
+                pass
+
+
 def entry_ids(reply) -> list:
     """The ids in a raw XREADGROUP reply [[key, [[id, fields], ...]], ...] (None: nothing)."""
     return [e[0] for _key, entries in reply or [] for e in entries]
@@ -370,7 +406,7 @@ def range_ids(reply) -> list:
 
 WORKERS = (
     ("resp-xadd-1", RespAdder), ("resp-xadd-2", RespAdder), ("sdk-xadd", SdkAdder),
-    ("resp-group-1", RespGroupReader), ("sdk-group-1", SdkGroupReader),
+    ("resp-group-1", RespGroupReader), ("sdk-group-1", SdkGroupReader), ("sdk-consume", SdkConsumer),
     ("resp-claim", RespClaimer), ("resp-pending", RespPendingReader), ("resp-read", RespReader),
     ("resp-lpush", RespListPusher), ("resp-lpop", RespListPopper),
     ("resp-reg-1", RespRegister), ("resp-reg-2", RespRegister),

@@ -188,3 +188,15 @@ def test_replicas_differ_or_not_converged():
 def test_malformed_history_is_refused():
     with pytest.raises(nc.HistoryError):
         nc.pair([{"op": 1, "time": 0.0, "process": "p", "type": "ok", "f": "xadd"}])
+
+
+def test_consume_replay_to_the_same_consumer_is_not_a_second_delivery():
+    h = clean().op("consume", "s", None, 1.0, 1.1, result=["1-0"], consumer="c1")
+    assert group_kinds(h) == ["delivered-twice"]            # c1 had 1-0 from XREADGROUP >
+    h = H().op("xadd", "s", "v1", 0.0, 0.1, result="1-0")
+    h.op("consume", "s", None, 0.2, 0.3, result=["1-0"], consumer="k")
+    h.op("consume", "s", None, 0.4, 0.5, result=["1-0"], consumer="k")   # replayed after a failover
+    assert group_kinds(h, dict(streams={"s": [["1-0", "v1"]]}, pel={"s": [["1-0", "k", 2]]}, lists={})) == []
+    h.op("consume", "s", None, 0.6, 0.7, result=["1-0"], consumer="other")
+    assert group_kinds(h, dict(streams={"s": [["1-0", "v1"]]}, pel={"s": [["1-0", "k", 2]]}, lists={})) == [
+        "delivered-twice"]

@@ -15,7 +15,7 @@ from xraft.ops import netns_hosts as nh
 
 WHY_NOT = nh.available()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"namespace harness: {WHY_NOT}")
-CI_TIME_S = 20.0
+CI_TIME_S = 15.0
 CI_SEEDS = (11, 12)
 
 
