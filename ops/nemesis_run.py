@@ -28,6 +28,7 @@ DEFAULT_KINDS = ("partition", "kill", "pause", "clock", "disk")
 NEMESIS_NODE_ARGS = ("--snapshot-entries=200", "--tick-ms=50")
 SETTLE_TIMEOUT_S = 90.0
 DRAIN_LIMIT = 10_000        # XREADGROUP batches in the final drain
+FIRST_ROUND_GRACE_S = 120.0  # how long a run may go past --time to inject its first round
 
 
 class Nemesis(threading.Thread):
@@ -42,6 +43,9 @@ class Nemesis(threading.Thread):
         self.error: Optional[BaseException] = None
         self.skipped: dict = {}
         self._round: list = []
+
+    def first_round_done(self) -> bool:
+        return set(self.injected) | set(self.skipped) >= set(self.kinds) | set(self.skipped)
 
     def next_kind(self) -> str:
         """Kinds in rounds, each round a fresh shuffle: a short run still sees every kind."""
@@ -63,7 +67,7 @@ class Nemesis(threading.Thread):
                     continue
                 self.history.event("nemesis", "start", {"kind": kind, "detail": detail})
                 self.injected[kind] = self.injected.get(kind, 0) + 1
-                self.stop_event.wait(self.hold)
+                time.sleep(self.hold)   # held in full, even when the run is ending
                 self.history.event("nemesis", "stop", {"kind": kind, "detail": self.heal(kind)})
         except BaseException as e:
             self.error = e
@@ -141,6 +145,10 @@ def _run(dir_, out, time_s, kinds, seed, interval, hold, progress) -> dict:
     progress(f"seed {seed}: {len(workers)} clients, nemesis {','.join(kinds)} for {time_s:g}s")
     nemesis.start()
     time.sleep(time_s)
+    # A short run still injects every kind once: it goes on (bounded) until the first round is done.
+    deadline = time.monotonic() + FIRST_ROUND_GRACE_S
+    while not nemesis.first_round_done() and nemesis.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
     nemesis_stop.set()
     nemesis.join()
     history.event("nemesis", "start", {"kind": "heal", "detail": "final heal"})
