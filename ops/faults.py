@@ -27,6 +27,7 @@ import signal
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +37,7 @@ from . import netns_hosts as nh
 NFT_TABLE = "xraft_nemesis"
 BALLAST = ".nemesis-ballast"
 MAX_SKEW_S = 3600.0
+KILL_WAIT_S = 5.0
 
 
 class FaultUnsupported(nh.HostsError):
@@ -147,19 +149,16 @@ class Faults:
         return f"loss {share}% on {node_id} (nft numgen; no netem here)"
 
     # -- processes --------------------------------------------------------------------
-    def _pid(self, node_id: int) -> Optional[int]:
+    def signal(self, node_id: int, sig: signal.Signals) -> str:
         cluster = lc.load(self.dir)
         node = cluster.node(node_id)
-        return node.pid if lc.is_alive(cluster, node) else None
-
-    def signal(self, node_id: int, sig: signal.Signals) -> str:
-        pid = self._pid(node_id)
-        if pid is None:
+        if not lc.is_alive(cluster, node):
             return f"node {node_id} not running"
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        if sig == signal.SIGKILL:
-            lc._await_exit(pid, 5.0)
+            os.kill(node.pid, sig)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while sig == signal.SIGKILL and lc.is_alive(cluster, node) and time.monotonic() < deadline:
+            time.sleep(0.02)   # gone (and reaped) before anyone restarts it on its ports
         return f"{sig.name} node {node_id}"
 
     def kill(self, node_id: int) -> str:
