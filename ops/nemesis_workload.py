@@ -370,6 +370,7 @@ class SdkConsumer(SdkWorker):
 
     def step(self):
         consumer = self.base
+        self.interrupt()     # the session a failure ended, if any
         self.session = self.client.consume([STREAM], GROUP, consumer, max_unacked=50)
         deliveries = iter(self.session)
         while not self.stop_event.is_set():
