@@ -81,9 +81,15 @@ class Nemesis(threading.Thread):
         if kind == "pause":
             return f.pause(f.leader() or victim if self.rng.random() < 0.5 else victim)
         if kind == "clock":
-            if self.rng.random() < 0.3:
+            choice = self.rng.random()
+            if choice < 0.3:
                 return f.strobe(victim, self.rng.uniform(0.2, 5.0), 0.5)
-            return f.skew(victim, self.rng.choice([-1, 1]) * self.rng.uniform(0.5, 60.0))
+            skewed = f.skew(victim, self.rng.choice([-1, 1]) * self.rng.uniform(0.5, 60.0))
+            if choice < 0.6:
+                # A node anchors its time at start and bounds later jumps: a skew only bites
+                # fully in a node that starts with it (and may then lead).
+                return f"{skewed}; {f.kill(victim)}; {f.restart_dead()}"
+            return skewed
         if kind == "disk":
             return f.fill_disk(victim)
         if kind == "netem":

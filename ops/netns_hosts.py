@@ -51,7 +51,7 @@ def available() -> Optional[str]:
     """None when this machine can run the harness, else why not (tests skip with it)."""
     if os.geteuid() != 0:
         return "the namespace harness needs root (ip netns, veth, mount)"
-    for tool in ("ip", "mount", "losetup", "mkfs.ext4"):
+    for tool in ("ip", "nft", "mount", "losetup", "mkfs.ext4"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
     probe = f"xraftprobe{os.getpid() % 100000}"
