@@ -323,11 +323,12 @@ def redis_single_wait(port: int, seconds: float) -> tuple:
 
 # ----------------------------------------------------------------------------- xraft through the SDK
 
-async def sdk_batch(seeds, seconds: float, keys: tuple = ("batch",)) -> float:
+async def sdk_batch(seeds, seconds: float, keys: tuple = ("batch",), idempotent: bool = False) -> float:
     """Entries/s of xadd_batch(100), BATCH_CONCURRENCY batches in flight on one client; each
     batch goes to the next of `keys` in turn (keys in several groups: the SDK sends each to
-    its group's leader)."""
-    async with Client(seeds) as c:
+    its group's leader). `idempotent`: the SDK's IDMP producer (a producer id and one
+    idempotent id per entry, deduplicated by the replicated table) instead of plain XADDs."""
+    async with Client(seeds, idempotent_producer=idempotent) as c:
         batch = [FIELDS] * BATCH
         turn = 0
 
@@ -652,6 +653,12 @@ def run(args, tmp: str, out: dict) -> None:
             out["xadd_batch100_entries_per_s"] = uvloop.run(sdk_batch(seeds, s))
         print(f"SDK xadd_batch(100) x {BATCH_CONCURRENCY}: {out['xadd_batch100_entries_per_s']:,.0f} entries/s "
               f"(redis+WAIT {out['redis_wait1_batch100_entries_per_s']:,.0f}; target >= 100,000)   [{m.line()}]")
+
+        with CpuMeter(pids, leader_resp) as m:
+            out["idmp_xadd_batch100_entries_per_s"] = uvloop.run(sdk_batch(seeds, s, ("idmp",), idempotent=True))
+        ratio = out["idmp_xadd_batch100_entries_per_s"] / out["xadd_batch100_entries_per_s"]
+        print(f"SDK xadd_batch(100) IDMP x {BATCH_CONCURRENCY}: {out['idmp_xadd_batch100_entries_per_s']:,.0f} "
+              f"entries/s ({ratio:.2f}x plain; target >= 0.9x)   [{m.line()}]")
 
         with CpuMeter(pids, leader_resp) as m:
             p50, p99, rate = uvloop.run(sdk_single(seeds, s))

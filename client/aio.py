@@ -141,7 +141,8 @@ class Client(Commands):
                  max_in_flight: int = 1024, channel_options=(), tls: bool | None = None,
                  root_certificates: bytes | None = None, client_cert: bytes | None = None,
                  client_key: bytes | None = None, credentials: grpc.ChannelCredentials | None = None,
-                 server_name_override: str | None = None):
+                 server_name_override: str | None = None, producer_id: bytes | str | None = None,
+                 idempotent_producer: bool = True):
         if isinstance(seeds, str):
             seeds = [seeds]
         self._seeds = list(seeds)
@@ -176,6 +177,21 @@ class Client(Commands):
         self._window = _SeqWindow(MAX_TRACKED_WRITES)
         self._in_flight = None             # a semaphore, made on first use inside the running loop
         self._closed = False
+        # Idempotent producer (Redis 8.6 IDMP, node/engine/idmp.py): every XAdd of
+        # "*" entries carries this producer id and a fresh idempotent id per
+        # entry, so a resend after an unknown outcome (even under a new session,
+        # or with request_ids off) never adds an entry twice. Give a stable
+        # producer_id to keep that across client restarts.
+        self.idempotent_producer = idempotent_producer
+        self.producer_id = (to_bytes(producer_id) if producer_id is not None
+                            else b"sdk-" + secrets.token_hex(12).encode())
+        self._next_iid = 0
+
+    def _iids(self, n: int) -> range:
+        """n fresh idempotent ids (numbers; the caller renders them)."""
+        first = self._next_iid
+        self._next_iid += n
+        return range(first, first + n)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -392,6 +408,8 @@ class Client(Commands):
         attempt = redirects = 0
         last: XRaftError | None = None
         uncertain = False                  # some attempt may have been applied
+        # An XAdd with a producer id is idempotent on the server (IDMP): resending it is always safe.
+        idempotent = rpc == "XAdd" and bool(request.producer_id)
         renewed = False                    # resent once under a new session already
         while True:
             remaining = None if deadline is None else deadline - loop.time()
@@ -407,7 +425,8 @@ class Client(Commands):
             except grpc.aio.AioRpcError as e:
                 err = from_rpc_error(e, write=write)
             last = err
-            if isinstance(err, SessionExpiredError) and rid is not None and not uncertain and not renewed:
+            if isinstance(err, SessionExpiredError) and rid is not None and (idempotent or not uncertain) \
+                    and not renewed:
                 renewed = True
                 # No attempt of this request can have been applied (this one was
                 # refused, none before it was uncertain): resend under a new session.
@@ -419,7 +438,7 @@ class Client(Commands):
                 # Resending is safe only when the server dedups on the request
                 # id, and useful only when the answer is not final: a stale
                 # refusal or "applied, reply not kept" would come back again.
-                if rid is None or isinstance(err, _FINAL_OUTCOMES):
+                if not idempotent and (rid is None or isinstance(err, _FINAL_OUTCOMES)):
                     raise err
             elif not err.retriable:
                 raise err

@@ -42,18 +42,25 @@ class Commands:
     # -- streams: writes -------------------------------------------------------------
 
     async def xadd(self, key, fields, id="*", *, nomkstream=False, maxlen=None, minid=None,
-                   approximate=False, limit=None, timeout=None):
+                   approximate=False, limit=None, timeout=None, idempotent_id=None):
         """XADD: the new entry's StreamID, or None (NOMKSTREAM, no stream)."""
         [result] = await self.xadd_batch(key, [(id, fields)], nomkstream=nomkstream, maxlen=maxlen, minid=minid,
-                                         approximate=approximate, limit=limit, timeout=timeout, raise_errors=True)
+                                         approximate=approximate, limit=limit, timeout=timeout, raise_errors=True,
+                                         idempotent_ids=None if idempotent_id is None else [idempotent_id])
         return result
 
     async def xadd_batch(self, key, entries, *, nomkstream=False, maxlen=None, minid=None, approximate=False,
-                         limit=None, timeout=None, raise_errors=False):
+                         limit=None, timeout=None, raise_errors=False, idempotent=None, idempotent_ids=None):
         """Append several entries in one log record. `entries`: field mappings
         (ID "*") or (id, fields) pairs. One result per entry: StreamID, None
         (NOMKSTREAM), or the entry's XRaftError (returned, not raised, unless
-        `raise_errors`): one entry's failure does not undo the others."""
+        `raise_errors`): one entry's failure does not undo the others.
+
+        Idempotent producer (Redis 8.6 IDMP): when `idempotent` (default: the
+        client's idempotent_producer) and every ID is "*", the request carries
+        the client's producer_id and one idempotent id per entry
+        (`idempotent_ids`, or fresh ones), so resending it never duplicates;
+        an entry already added answers its first ID."""
         req = pb.XAddRequest(key=to_bytes(key), no_mkstream=nomkstream)
         trim = trim_to_pb(maxlen, minid, approximate, limit)
         if trim is not None:
@@ -73,6 +80,8 @@ class Commands:
             for k, v in (fields.items() if isinstance(fields, dict) else fields):
                 put(name=k if k.__class__ is bytes else to_bytes(k),
                     value=v if v.__class__ is bytes else to_bytes(v))
+        if idempotent_ids is not None or (self.idempotent_producer if idempotent is None else idempotent):
+            self._set_idempotent_ids(req, idempotent_ids)
         resp = await self._unary("XAdd", req, write=True, timeout=timeout, keys=req.key)
         out = []
         new_id = StreamID
@@ -89,6 +98,20 @@ class Commands:
                     raise err
                 out.append(err)
         return out
+
+    def _set_idempotent_ids(self, req, idempotent_ids) -> None:
+        """IDMP producer_id + per-entry ids on an XAddRequest whose IDs are all "*"."""
+        if any(e.WhichOneof("id") is not None for e in req.entries):
+            if idempotent_ids is not None:
+                raise ValueError("idempotent ids need '*' IDs")
+            return
+        if idempotent_ids is None:
+            idempotent_ids = [b"%d" % n for n in self._iids(len(req.entries))]
+        elif len(idempotent_ids) != len(req.entries):
+            raise ValueError("one idempotent id per entry")
+        req.producer_id = self.producer_id
+        for e, iid in zip(req.entries, idempotent_ids):
+            e.idempotent_id = to_bytes(iid)
 
     async def xadd_multi(self, batches: dict, *, timeout=None, **options) -> dict:
         """XADD to several streams at once: {key: entries} -> {key: results}.

@@ -7,6 +7,7 @@
     xraftctl status       --seed HOST:PORT [--json] [--token-file F] [--tls-ca F --tls-cert F --tls-key F]
     xraftctl leader transfer --seed HOST:PORT --group G --to NODE [--json]
     xraftctl rebalance    --seed HOST:PORT --dry-run [--json]
+    xraftctl compose      [--nodes 3] [--groups G] [--token] > docker-compose.yml
 
 `local ...` manages processes on this machine; `status` (and every command to
 come that takes --seed) talks to any running cluster through the SDK.
@@ -23,7 +24,7 @@ import time
 
 import click
 
-from . import cluster_admin, cluster_status
+from . import cluster_admin, cluster_status, compose_cli, metrics_scrape
 from . import local_cluster as lc
 
 
@@ -73,7 +74,9 @@ dir_option = click.option("--dir", "dir_", required=True, envvar="XRAFT_LOCAL_DI
 @click.option("--groups", type=click.IntRange(1, lc.MAX_GROUPS), default=None,
               help="Data Raft groups the slots are split over (default 1; for a new cluster only: "
                    "leaders spread over the nodes).")
-def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command, groups):
+@click.option("--metrics-base-port", type=click.IntRange(1024, 65535), default=None,
+              help="Node i serves Prometheus metrics on P+i-1 (xraft-node --metrics); new clusters only.")
+def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command, groups, metrics_base_port):
     """Start a local cluster, or restart a stopped one from its data.
 
     A new cluster gets free ports, a random cluster id and a shared secret
@@ -85,7 +88,8 @@ def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command, groups):
     """
     command = node_command.split() if node_command else None
     cluster = _run(lc.up, dir_, nodes=nodes, base_port=base_port, fsync=fsync, timeout=timeout,
-                   progress=_progress(), node_command=command, node_args=node_args, groups=groups)
+                   progress=_progress(), node_command=command, node_args=node_args, groups=groups,
+                   metrics_base_port=metrics_base_port)
     click.echo(lc.connection_help(cluster, lc.find_leader(cluster)))
 
 
@@ -107,23 +111,26 @@ def down(dir_, timeout):
 @local.command()
 @dir_option
 @click.option("--json", "as_json", is_flag=True,
-              help="Print a JSON list (keys id, pid, alive, grpc, resp, role, leads (group ids), ...).")
+              help="Print a JSON list (keys id, pid, alive, grpc, resp, role, leads (group ids), ...; "
+                   "lag (entries behind the leader) when the cluster serves --metrics).")
 @click.option("--timeout", default=1.0, show_default=True, type=click.FloatRange(0.05, 30),
               help="Seconds to wait for each node's INFO raft.")
 def status(dir_, as_json, timeout):
     """Each node: pid, alive?, addresses and Raft role ("down" if it does not answer)."""
     cluster = _run(lc.load, dir_)
     rows = lc.status(cluster, timeout=timeout)
+    with_lag = _add_lag(cluster, rows, timeout)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     click.echo(f"cluster {cluster.cluster_id} in {cluster.dir} (last asked to be {cluster.state})")
     header = f"{'ID':>3}  {'PID':>7}  {'ALIVE':5}  {'ROLE':9}  {'TERM':>5}  {'COMMIT':>7}  {'GRPC':21}  {'RESP':21}  LEADS"
-    click.echo(header)
+    click.echo(header + ("  LAG" if with_lag else ""))
     for r in rows:
         leads = ",".join(map(str, r["leads"])) if r["leads"] else "-"
         click.echo(f"{r['id']:>3}  {r['pid'] or '-':>7}  {'yes' if r['alive'] else 'no':5}  {r['role']:9}  "
-                   f"{_dash(r['term']):>5}  {_dash(r['commit_index']):>7}  {r['grpc']:21}  {r['resp']:21}  {leads}")
+                   f"{_dash(r['term']):>5}  {_dash(r['commit_index']):>7}  {r['grpc']:21}  {r['resp']:21}  {leads}"
+                   + (f"  {_dash(r['lag']):>5}" if with_lag else ""))
     if cluster.groups > 1:
         # Many groups: each node leads some (LEADS); one "leader" line would mislead.
         click.echo(f"{cluster.groups} groups; redis-cli -c -p <any RESP port> follows -MOVED to each key's leader")
@@ -131,6 +138,18 @@ def status(dir_, as_json, timeout):
     leader = lc.leader_of(rows)
     click.echo(f"leader: node {leader['id']} (redis-cli -p {leader['resp'].rsplit(':', 1)[1]})" if leader
                else "leader: none known")
+
+
+def _add_lag(cluster, rows, timeout) -> bool:
+    """One-group clusters with --metrics: each follower's lag in entries, as the leader's
+    metrics give it (row "lag"; None where unknown). False when there is nothing to show."""
+    leader = lc.leader_of(rows)
+    if cluster.groups != 1 or leader is None or not cluster.node(leader["id"]).metrics:
+        return False
+    lag = metrics_scrape.follower_lag(cluster.node(leader["id"]).metrics, timeout=timeout)
+    for r in rows:
+        r["lag"] = 0 if r is leader else lag.get(r["id"])
+    return True
 
 
 def _dash(v):
@@ -237,6 +256,7 @@ def rebalance(conn, dry_run, as_json):
     click.echo(json.dumps(plan, indent=2) if as_json else cluster_admin.plan_text(plan))
 
 
+main.add_command(compose_cli.compose)
 from .hanet_cli import hosts as _hosts, nemesis as _nemesis  # noqa: E402  (namespace harness, nemesis runs)
 main.add_command(_hosts)
 main.add_command(_nemesis)

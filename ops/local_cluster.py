@@ -38,6 +38,9 @@ from typing import Callable, Iterable, Optional
 
 import redis
 
+from .topology import NodeSpec, Topology
+from .topology import node_argv as topology_argv
+
 CLUSTER_FILE = "cluster.json"
 SECRET_FILE = "secret"
 LOCK_FILE = ".lock"
@@ -68,6 +71,7 @@ class NodeInfo:
     # False until the node's first start logged ready; until then it is started with
     # --initial-cluster-state new. True for nodes of a cluster.json written before the flag.
     founded: bool = True
+    metrics: Optional[str] = None   # --metrics address (Prometheus), if the cluster was made with one
 
 
 @dataclass
@@ -188,8 +192,9 @@ def pick_ports(count: int, base_port: Optional[int] = None, host: str = HOST) ->
 
 def new_cluster(dir_: str, nodes: int, base_port: Optional[int] = None, fsync: Optional[str] = None,
                 node_command: Optional[Iterable[str]] = None, node_args: Iterable[str] = (),
-                groups: int = 1) -> ClusterInfo:
-    """Lay out a new cluster in dir_ (ports, cluster id, secret) and write cluster.json; starts nothing."""
+                groups: int = 1, metrics_base_port: Optional[int] = None) -> ClusterInfo:
+    """Lay out a new cluster in dir_ (ports, cluster id, secret) and write cluster.json; starts nothing.
+    metrics_base_port: node i serves Prometheus metrics on metrics_base_port + i - 1."""
     if not 1 <= groups <= MAX_GROUPS:
         raise LocalClusterError(f"--groups {groups}: expected 1 to {MAX_GROUPS}")
     if not 1 <= nodes <= 9:
@@ -207,6 +212,7 @@ def new_cluster(dir_: str, nodes: int, base_port: Optional[int] = None, fsync: O
         # (other cluster id) or, worse, resume it as if it were this cluster's.
         raise LocalClusterError(f"{root} has node data but no cluster.json ({stale[0]}); use an empty directory")
     ports = pick_ports(2 * nodes, base_port)
+    metrics_ports = pick_ports(nodes, metrics_base_port) if metrics_base_port is not None else None
     secret_path = root / SECRET_FILE
     # Mode 0600 at creation: the secret is never readable by others, not even briefly.
     fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -218,7 +224,8 @@ def new_cluster(dir_: str, nodes: int, base_port: Optional[int] = None, fsync: O
         node_dir = root / f"node-{i + 1}"
         (node_dir / "data").mkdir(parents=True, exist_ok=True)
         infos.append(NodeInfo(id=i + 1, grpc=f"{HOST}:{ports[2 * i]}", resp=f"{HOST}:{ports[2 * i + 1]}",
-                              data_dir=str(node_dir / "data"), log=str(node_dir / "node.log"), founded=False))
+                              data_dir=str(node_dir / "data"), log=str(node_dir / "node.log"), founded=False,
+                              metrics=f"{HOST}:{metrics_ports[i]}" if metrics_ports else None))
     cluster = ClusterInfo(dir=str(root), cluster_id="local-" + secrets.token_hex(6), secret_file=str(secret_path),
                           nodes=infos, node_command=list(node_command or DEFAULT_NODE_COMMAND),
                           node_args=list(node_args), fsync=fsync, groups=groups)
@@ -226,25 +233,18 @@ def new_cluster(dir_: str, nodes: int, base_port: Optional[int] = None, fsync: O
     return cluster
 
 
+def topology(cluster: ClusterInfo) -> Topology:
+    """The cluster as topology.py describes every cluster xraftctl starts (compose too)."""
+    return Topology(cluster_id=cluster.cluster_id, secret_file=cluster.secret_file, groups=cluster.groups,
+                    fsync=cluster.fsync, extra_args=tuple(cluster.node_args),
+                    nodes=tuple(NodeSpec(id=n.id, grpc=n.grpc, resp=n.resp, data_dir=n.data_dir,
+                                         metrics=n.metrics) for n in cluster.nodes))
+
+
 def node_argv(cluster: ClusterInfo, node: NodeInfo) -> list:
     """The full command line that starts `node` (the xraft-node CLI)."""
-    argv = list(cluster.node_command) + [
-        "--id", str(node.id),
-        "--cluster-id", cluster.cluster_id,
-        "--data-dir", node.data_dir,
-        "--grpc", node.grpc,
-        "--resp", node.resp,
-        "--peers", ",".join(f"{n.id}={n.grpc}" for n in cluster.nodes),
-        "--resp-peers", ",".join(f"{n.id}={n.resp}" for n in cluster.nodes),
-        "--secret-file", cluster.secret_file,
-    ]
-    if cluster.fsync:
-        argv += ["--fsync", cluster.fsync]
-    if cluster.groups != 1:
-        argv += ["--groups", str(cluster.groups)]
-    if not node.founded:
-        argv += ["--initial-cluster-state", "new"]
-    return argv + list(cluster.node_args)
+    topo = topology(cluster)
+    return list(cluster.node_command) + topology_argv(topo, topo.node(node.id), founding=not node.founded)
 
 
 # -- processes ------------------------------------------------------------------
@@ -475,7 +475,8 @@ def stop_nodes(cluster: ClusterInfo, nodes: list, timeout: float, progress: Prog
 def up(dir_: str, nodes: int = 3, base_port: Optional[int] = None, fsync: Optional[str] = None,
        timeout: float = 30.0, progress: Progress = lambda _msg: None,
        node_command: Optional[Iterable[str]] = None, node_args: Iterable[str] = (),
-       wait_leader: bool = True, groups: Optional[int] = None) -> ClusterInfo:
+       wait_leader: bool = True, groups: Optional[int] = None,
+       metrics_base_port: Optional[int] = None) -> ClusterInfo:
     """Start the cluster in dir_: a new one if dir_ holds none; else restart its nodes that
     are not running, on the same ports and data (refused if all are running). Waits until
     every started node logged ready and (wait_leader) a leader is known; on failure stops
@@ -503,7 +504,8 @@ def up(dir_: str, nodes: int = 3, base_port: Optional[int] = None, fsync: Option
             else:
                 progress(f"restarting cluster {cluster.cluster_id} from disk in {cluster.dir}")
         else:
-            cluster = new_cluster(dir_, nodes, base_port, fsync, node_command, node_args, groups or 1)
+            cluster = new_cluster(dir_, nodes, base_port, fsync, node_command, node_args, groups or 1,
+                                  metrics_base_port)
             to_start = list(cluster.nodes)
             progress(f"new cluster {cluster.cluster_id} in {cluster.dir}")
         started = []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .commands import BLOCKING, READONLY, WRITE, command
 from .errors import NO_SUCH_KEY, CommandError, WrongTypeError, not_integer, syntax_error, wrong_arity
+from .idmp import ERR_AUTO_ID_ONLY, ERR_IDMP_EMPTY_IID, ERR_TWICE, auto_iid, check_producer, idmp_of, manual_iid
 from ..invariant import invariant
 from .replies import NULL_ARRAY, OK, PairMap, WouldBlock
 from .stream import Stream
@@ -50,6 +51,8 @@ class AddTrimArgs:
     id: StreamID | None = None      # XADD's explicit ID, None for `*`
     seq_given: bool = True          # False for `<ms>-*`
     id_pos: int = 0                 # argv index of XADD's ID argument
+    idmp_pid: bytes | None = None   # XADD IDMP/IDMPAUTO's producer id (idmp.py)
+    idmp_iid: bytes | None = None   # IDMP's idempotent id; None with IDMPAUTO
 
     @property
     def threshold(self):
@@ -102,6 +105,9 @@ def parse_add_or_trim_args(argv, xadd: bool, node_max_entries: int) -> AddTrimAr
             i += 1
         elif xadd and low == b"nomkstream":
             args.no_mkstream = True
+        elif xadd and ((low == b"idmp" and more >= 2) or (low == b"idmpauto" and more)):
+            _parse_idmp(args, argv, i, low == b"idmpauto")
+            i += 1 if low == b"idmpauto" else 2
         elif xadd:
             # Not an option, so it must be the ID (or a syntax error reported as a bad ID).
             sid, seq_given = parse_id(opt, 0, strict=True, allow_seq_star=True)
@@ -111,6 +117,8 @@ def parse_add_or_trim_args(argv, xadd: bool, node_max_entries: int) -> AddTrimAr
             raise syntax_error()
         i += 1
     args.id_pos = i
+    if args.idmp_pid is not None and args.id is not None:
+        raise CommandError(ERR_AUTO_ID_ONLY)
 
     if args.limit and args.strategy is None:
         raise CommandError("ERR syntax error, LIMIT cannot be used without specifying a trimming strategy")
@@ -124,6 +132,19 @@ def parse_add_or_trim_args(argv, xadd: bool, node_max_entries: int) -> AddTrimAr
     else:
         args.limit = 0                              # exact trims are never limited
     return args
+
+
+def _parse_idmp(args: AddTrimArgs, argv, i: int, auto: bool) -> None:
+    """`IDMP pid iid` / `IDMPAUTO pid` at argv[i] (Redis 8.6; idmp.py)."""
+    if args.idmp_pid is not None:
+        raise CommandError(ERR_TWICE)
+    pid = argv[i + 1]
+    check_producer(pid, auto)
+    if not auto:
+        if not argv[i + 2]:
+            raise CommandError(ERR_IDMP_EMPTY_IID)
+        args.idmp_iid = argv[i + 2]
+    args.idmp_pid = pid
 
 
 def _default_approx_limit(node_max_entries: int) -> int:
@@ -176,7 +197,11 @@ def _entry_id(last_id, kind: int, ms: int, seq: int, now_ms: int) -> tuple:
 
 @command("xadd", -5, (WRITE,), 1, 1, 1)
 def xadd(db, argv, now_ms):
-    """XADD key [NOMKSTREAM] [MAXLEN|MINID [=|~] threshold [LIMIT count]] *|id field value [...]"""
+    """XADD key [NOMKSTREAM] [MAXLEN|MINID [=|~] threshold [LIMIT count]]
+    [IDMPAUTO pid | IDMP pid iid] *|id field value [...]
+
+    With IDMP/IDMPAUTO (Redis 8.6, idmp.py) a pair the stream still tracks
+    answers the ID it added and changes nothing but the duplicate counter."""
     args = parse_add_or_trim_args(argv, True, db.config.stream_node_max_entries)
     field_pos = args.id_pos + 1
     nfields = len(argv) - field_pos
@@ -189,6 +214,13 @@ def xadd(db, argv, now_ms):
     stream = lookup_stream(db, key)
     if stream is None and args.no_mkstream:
         return None
+    fields = argv[field_pos:]
+    iid = None
+    if args.idmp_pid is not None:
+        iid = manual_iid(args.idmp_iid) if args.idmp_iid is not None else auto_iid(fields)
+        dup = _idmp_duplicate(stream, args.idmp_pid, iid, now_ms)
+        if dup is not None:
+            return dup
     # A new stream is built aside and stored only once nothing can fail.
     target = stream if stream is not None else Stream()
     invariant(0 <= now_ms <= UINT64_MAX, "now_ms is a uint64 millisecond time")
@@ -198,7 +230,6 @@ def xadd(db, argv, now_ms):
         kind = ID_EXPLICIT if args.seq_given else ID_AUTO_SEQ
         ms, seq = args.id
     sid = StreamID(*_entry_id(target.last_id, kind, ms, seq, now_ms))
-    fields = argv[field_pos:]
     if sum(map(len, fields)) > ENTRY_MAX_BYTES:
         raise CommandError(_ERR_TOO_LARGE)
 
@@ -206,8 +237,24 @@ def xadd(db, argv, now_ms):
     if stream is None:
         db.set(key, target)
     target.append(sid, list(fields), db.config.stream_node_max_bytes, db.config.stream_node_max_entries)
+    if iid is not None:
+        idmp_of(target, True).record(args.idmp_pid, iid, sid, now_ms)
     _trim(target, args)
     db.signal_ready(key)
+    return format_id(sid)
+
+
+def _idmp_duplicate(stream, pid: bytes, iid: bytes, now_ms: int):
+    """The reply of an IDMP XADD whose pair the stream still tracks (counted
+    as a duplicate), else None. Expiry runs first, at the record's time."""
+    state = None if stream is None else stream.idmp
+    if state is None:
+        return None
+    state.expire(now_ms)
+    sid = state.lookup(pid, iid)
+    if sid is None:
+        return None
+    state.iids_duplicates += 1
     return format_id(sid)
 
 
@@ -247,15 +294,26 @@ def xadd_trim_args(strategy, approx: bool, threshold, limit, node_max_entries: i
 
 
 def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False, strategy=None,
-              approx: bool = False, threshold=0, limit=None) -> list:
+              approx: bool = False, threshold=0, limit=None, idmp_pid: bytes | None = None,
+              idmp_iids=None) -> list:
     """`XADD key [NOMKSTREAM] [trim options] <id> <fields>` for each of `entries`
     ((id_kind, ms, seq, fields): ID_AUTO with ms = seq = 0, ID_AUTO_SEQ with
     seq = 0, ID_EXPLICIT; fields a flat f1 v1 ... of at least one pair), in
     order, as in one MULTI: one result per entry, the XADD reply or that
     entry's EngineError. Same checks in the same order as `xadd`, same state
     afterwards, byte for byte (trimmed after each append); the options are
-    parsed, and the key looked up, once."""
+    parsed, and the key looked up, once.
+
+    `idmp_pid`: `IDMP idmp_pid <iid>` on every entry, iid = idmp_iids[i]
+    (bytes), or IDMPAUTO for an entry whose idmp_iids[i] is None."""
     n = len(entries)
+    idmp = idmp_pid is not None
+    if idmp:
+        invariant(len(idmp_iids) == n, "one idempotent id per entry")
+        try:
+            check_producer(idmp_pid, False)
+        except CommandError as e:
+            return [e] * n
     try:
         args = xadd_trim_args(strategy, approx, threshold, limit, db.config.stream_node_max_entries)
     except CommandError as e:
@@ -279,13 +337,32 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
     added_before = target.entries_added
     out = []
     add = out.append
-    for kind, ms, seq, fields in entries:
-        if kind == ID_EXPLICIT and not ms and not seq:
+    expired = False
+    for i, (kind, ms, seq, fields) in enumerate(entries):
+        if idmp:
+            iid = idmp_iids[i]
+            if kind != ID_AUTO or (iid is not None and not iid):
+                add(CommandError(ERR_AUTO_ID_ONLY if kind != ID_AUTO else ERR_IDMP_EMPTY_IID))
+                continue
+        elif kind == ID_EXPLICIT and not ms and not seq:
             add(CommandError(_ERR_ID_ZERO))
             continue
         if skip is not False:
             add(skip)                               # WRONGTYPE, or None (NOMKSTREAM, no stream)
             continue
+        if idmp:
+            # xadd's _idmp_duplicate, with expiry once: every entry has the same now_ms.
+            iid = manual_iid(iid) if iid is not None else auto_iid(fields)
+            state = target.idmp
+            if state is not None:
+                if not expired:
+                    state.expire(now_ms)
+                    expired = True
+                dup = state.lookup(idmp_pid, iid)
+                if dup is not None:
+                    state.iids_duplicates += 1
+                    add(format_id(dup))
+                    continue
         try:
             ms, seq = entry_id(target.last_id, kind, ms, seq, now_ms)
         except CommandError as e:
@@ -300,7 +377,10 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
         if not stored:
             db.set(key, target)
             stored = True
-        append_entry(new_sid(sid_cls, (ms, seq)), fields, node_bytes, node_entries)
+        sid = new_sid(sid_cls, (ms, seq))
+        append_entry(sid, fields, node_bytes, node_entries)
+        if idmp:
+            idmp_of(target, True).record(idmp_pid, iid, sid, now_ms)
         if trim is not None:
             trim(*trim_args)
         add(b"%d-%d" % (ms, seq))

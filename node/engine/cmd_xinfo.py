@@ -90,6 +90,10 @@ def _stream_info(stream, argv):
             b"max-deleted-entry-id": format_id(stream.max_deleted_entry_id),
             b"entries-added": stream.entries_added,
             b"recorded-first-entry-id": format_id(stream.first_id)}
+    if stream.idmp is not None:
+        # Redis 8.6 always lists these; xraft only for a stream that used IDMP
+        # or XCFGSET, so every other stream answers exactly as redis 7.0.
+        info.update(stream.idmp.info_fields())
     if not full:
         info[b"groups"] = 0 if stream.cgroups is None else stream.cgroups.numele
         first = take(stream.iter_range(MIN_ID, MAX_ID), 1)

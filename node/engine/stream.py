@@ -58,8 +58,9 @@ next node starts); the tail is a `bytearray` that XADD extends in place through
 a cached reference, so appending needs no rax seek.  Readers decode a whole
 node with one lp_decode_all pass and walk the element list.
 
-Consumer groups (`cgroups`) belong to groups.py: this module only holds the
-reference and neither dumps nor reads it.
+Consumer groups (`cgroups`) belong to groups.py and the IDMP table (`idmp`)
+to idmp.py: this module only holds the references and neither dumps nor reads
+them (stream_codec.py does).
 """
 import struct
 import zlib
@@ -179,7 +180,7 @@ class Stream:
     """One stream value. See the module docstring for the bytes."""
 
     __slots__ = ("rax", "length", "last_id", "first_id", "max_deleted_entry_id",
-                 "entries_added", "cgroups",
+                 "entries_added", "cgroups", "idmp",
                  "_tail", "_tail_key", "_tail_ms", "_tail_seq", "_tail_names", "_tail_items")
 
     def __init__(self):
@@ -190,6 +191,7 @@ class Stream:
         self.max_deleted_entry_id = MIN_ID  # largest ID XDEL removed (XSETID may set it)
         self.entries_added = 0           # Invariant: >= length; every entry ever added
         self.cgroups = None              # groups.py's rax of consumer groups, or None
+        self.idmp = None                 # idmp.py's IdmpState, or None (never used IDMP/XCFGSET)
         # Tail cache, so XADD needs no rax seek. Invariant: when _tail is not
         # None it is the very bytearray stored in rax under _tail_key, that key
         # is the rax's last, and the other fields describe its master entry.

@@ -4,9 +4,11 @@ All integers are big-endian. The whole record:
 
     +---------+---------+------------------+----------------------+-------------+
     | "XSTR"  | version |  entries_len u32 | entries (entries_len)| groups ...  |
-    | 4 bytes | u8 = 1  |                  | Stream.dump_entries()|             |
+    | 4 bytes | u8 = 2  |                  | Stream.dump_entries()|             |
     +---------+---------+------------------+----------------------+-------------+
-    ... | crc32 u32 |        zlib.crc32 of every byte before it
+    ... | idmp (version 2 only) | crc32 u32 |   zlib.crc32 of every byte before it
+
+    Version 1 (before IDMP) has no idmp section and still loads (idmp None).
 
     groups:
     +----------------+-------------------------------------------------------+
@@ -29,6 +31,17 @@ All integers are big-endian. The whole record:
     | name_len  | name      | seen_time i64  | npel u32  | npel x ID (16)   |
     +-----------+-----------+----------------+-----------+------------------+
 
+    idmp (idmp.py; has u8 == 0: stream.idmp is None, nothing follows):
+    +--------+-------------+------------+----------------+---------------------+---------+
+    | has u8 | duration u32| maxsize u32| iids_added u64 | iids_duplicates u64 | n u32   |
+    +--------+-------------+------------+----------------+---------------------+---------+
+    then n pairs, oldest first (each producer's pairs in its own oldest-first order):
+    +-----------+-----+-------------+-----------+---------------+
+    | pid_len u32 | pid | iid key (16) | ID (16) | added_ms i64 |
+    +-----------+-----+-------------+-----------+---------------+
+    The loader checks the ranges, the time order, no pair twice, maxsize per
+    producer and MAX_TRACKED_IIDS.
+
 A 16-byte ID is StreamID.encode(): ms u64 then seq u64, so byte order is ID
 order. (In memory PEL keys are StreamIDs, pel.py; the bytes are the same as when
 they were 16-byte rax keys, so the format did not change.) Group names, group PEL IDs, consumer names and each consumer's PEL IDs
@@ -47,13 +60,16 @@ is checked before any of it is parsed.
 import struct
 import zlib
 
+from collections import OrderedDict
+
 from . import groups as g
+from . import idmp as im
 from .rax import Rax
 from .stream import Stream
 from .streamid import StreamID
 
 MAGIC = b"XSTR"
-VERSION = 1
+VERSION = 2                     # 2: the idmp section; 1 still loads
 NO_GROUPS = 0xFFFFFFFF          # ngroups value: cgroups is None
 
 # Limits on what a snapshot may hold (a bigger count is corruption, not data).
@@ -71,6 +87,8 @@ _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 _ID = struct.Struct(">QQ")          # a 16-byte ID: ms, seq
 _NACK_REC = struct.Struct(">QQqQ")  # a group PEL record: ID, delivery_time, delivery_count
+_IDMP_HEAD = struct.Struct(">IIQQI")  # duration, maxsize, iids_added, iids_duplicates, npairs
+_IDMP_PAIR_TAIL = struct.Struct(">16sQQq")  # iid key, ID, added_ms
 
 
 class CorruptStreamState(ValueError):
@@ -89,8 +107,23 @@ def dump_stream(stream) -> bytes:
         out.append(_U32.pack(stream.cgroups.numele))
         for name, group in stream.cgroups.items():
             _dump_group(out, name, group)
+    _dump_idmp(out, stream.idmp)
     body = b"".join(out)
     return body + _U32.pack(zlib.crc32(body))
+
+
+def _dump_idmp(out: list, state) -> None:
+    if state is None:
+        out.append(b"\x00")
+        return
+    out.append(b"\x01")
+    out.append(_IDMP_HEAD.pack(state.duration_s, state.maxsize, state.iids_added, state.iids_duplicates,
+                               state.tracked))
+    pack = _IDMP_PAIR_TAIL.pack
+    for pid, iid, sid, added_ms in state.pairs():
+        out.append(_U32.pack(len(pid)))
+        out.append(pid)
+        out.append(pack(iid, sid[0], sid[1], added_ms))
 
 
 def _dump_group(out: list, name: bytes, group) -> None:
@@ -162,7 +195,7 @@ def load_stream(buf) -> Stream:
     if zlib.crc32(buf[:body_end]) != _U32.unpack(buf[body_end:])[0]:
         raise CorruptStreamState("stream snapshot checksum mismatch")
     magic, version, entries_len = _HEADER.unpack_from(buf, 0)
-    if magic != MAGIC or version != VERSION:
+    if magic != MAGIC or version not in (1, VERSION):
         raise CorruptStreamState("not a stream snapshot (magic/version)")
     reader = _Reader(buf, _HEADER.size, body_end)
     entries = reader.take(entries_len)
@@ -185,10 +218,46 @@ def load_stream(buf) -> Stream:
                 raise CorruptStreamState("stream snapshot: groups out of order")
             prev = name
             stream.cgroups.insert(name, _load_group(reader, stream))
+    if version >= 2:
+        stream.idmp = _load_idmp(reader)
     if reader.pos != reader.end:
         raise CorruptStreamState("stream snapshot: trailing bytes")
     g.check_groups(stream)
     return stream
+
+
+def _load_idmp(reader: _Reader):
+    has = reader.take(1)[0]
+    if has == 0:
+        return None
+    if has != 1:
+        raise CorruptStreamState("stream snapshot: bad idmp flag")
+    duration, maxsize, added, dups, n = _IDMP_HEAD.unpack(reader.take(_IDMP_HEAD.size))
+    if not (1 <= duration <= im.MAX_DURATION_S and 1 <= maxsize <= im.MAX_MAXSIZE):
+        raise CorruptStreamState("stream snapshot: idmp settings out of range")
+    if n > im.MAX_TRACKED_IIDS or n > added or n * (4 + _IDMP_PAIR_TAIL.size) > reader.end - reader.pos:
+        raise CorruptStreamState(f"stream snapshot: bad idmp pair count {n}")
+    state = im.IdmpState(duration, maxsize)
+    state.iids_added, state.iids_duplicates = added, dups
+    prev_ms = None
+    for _ in range(n):
+        pid = reader.name("idmp producer")
+        if not pid:
+            raise CorruptStreamState("stream snapshot: empty idmp producer")
+        iid, ms, seq, added_ms = _IDMP_PAIR_TAIL.unpack(reader.take(_IDMP_PAIR_TAIL.size))
+        if prev_ms is not None and added_ms < prev_ms:
+            raise CorruptStreamState("stream snapshot: idmp pairs out of time order")
+        prev_ms = added_ms
+        ids = state.producers.get(pid)
+        if ids is None:
+            ids = state.producers[pid] = OrderedDict()
+        if iid in ids:
+            raise CorruptStreamState("stream snapshot: idmp pair twice")
+        if len(ids) >= maxsize:
+            raise CorruptStreamState("stream snapshot: idmp producer over maxsize")
+        ids[iid] = StreamID(ms, seq)
+        state.order[(pid, iid)] = added_ms
+    return state
 
 
 def _read_id(reader: _Reader) -> StreamID:

@@ -32,6 +32,11 @@ request id and its own result. All integers are big-endian.
     +-----------+--------------------+-------------+-----------+------------------+-------------+
     It means exactly `XADD key [NOMKSTREAM] [MAXLEN|MINID [~] thr [LIMIT limit]] <id> f1 v1 ..`
     once per xentry, in order, in one MULTI: one result per entry (fsm/xadd_batch.py).
+    With opts IDMP (0x20; added within version 1 like kind 5: a node without it
+    refuses the record, so upgrade every node before clients send IDMP batches)
+    the key is followed by | plen u32 | pid bytes | and every xentry starts with
+    | ilen u32 | iid bytes |: `XADD key ... IDMP pid iid * f1 v1 ..`, or, for
+    ilen == 0, `XADD key ... IDMPAUTO pid * f1 v1 ..` (engine/idmp.py).
 
 Field invariants (decode checks every one; encode refuses to write a violation):
 
@@ -63,7 +68,7 @@ Field invariants (decode checks every one; encode refuses to write a violation):
     argc       1 <= argc <= MAX_ARGC (an empty argv is no command)
     len        <= MAX_ARG_BYTES (redis proto-max-bulk-len)
     opts       bits NOMKSTREAM 0x01, MAXLEN 0x02, MINID 0x04, APPROX 0x08 ("~"),
-               LIMIT 0x10; no other bit; not MAXLEN and MINID both; APPROX and
+               LIMIT 0x10, IDMP 0x20; no other bit; not MAXLEN and MINID both; APPROX and
                LIMIT only with MAXLEN or MINID. ("=" is no APPROX: redis reads
                them alike.)
     thr_a,     MAXLEN: thr_a = the count (any u64: above 2**63-1 apply answers
@@ -72,6 +77,8 @@ Field invariants (decode checks every one; encode refuses to write a violation):
     limit      LIMIT: any u64 (checked at apply, as redis does); otherwise 0.
                (LIMIT without APPROX is representable: redis refuses it per entry.)
     klen       <= MAX_ARG_BYTES; the key may be empty, as in redis
+    plen       1 <= plen <= MAX_ARG_BYTES (IDMP only)
+    ilen       <= MAX_ARG_BYTES (IDMP only); idkind == AUTO after it (IDMP needs "*")
     idkind     AUTO 0 ("*"), AUTO_SEQ 1 ("<ms>-*"), EXPLICIT 2 ("<ms>-<seq>"); no other
     npair      1 <= npair <= MAX_ARGC // 2 (XADD needs a field; an entry without
                fields never reaches the log: the leader answers it alone)
@@ -152,7 +159,8 @@ OPT_MAXLEN = 0x02
 OPT_MINID = 0x04
 OPT_APPROX = 0x08
 OPT_LIMIT = 0x10
-_OPTS_ALL = 0x1F
+OPT_IDMP = 0x20
+_OPTS_ALL = 0x3F
 
 MAXLEN = "maxlen"                          # XAddBatch.strategy values (the engine's names)
 MINID = "minid"
@@ -174,10 +182,13 @@ class XAddBatch:
     # sliced from the record (decode); sizing and encoding a record read it
     # instead of walking the entries again.
     raw: bytes = field(default=b"", compare=False, repr=False)
+    idmp_pid: bytes | None = None  # IDMP's producer id for every entry; None: no IDMP
+    idmp_iids: tuple | None = None  # per entry: the iid (bytes), or None for IDMPAUTO
 
     @classmethod
     def build(cls, key, entries, *, no_mkstream: bool = False, strategy: str | None = None,
-              approx: bool = False, threshold=0, limit: int | None = None) -> "XAddBatch":
+              approx: bool = False, threshold=0, limit: int | None = None, idmp_pid: bytes | None = None,
+              idmp_iids=None) -> "XAddBatch":
         """A batch of `entries` ((id_kind, ms, seq, fields), fields a flat
         sequence of bytes f1 v1 ...). A malformed batch is a caller bug
         (invariant). Of the limits a client can reach, an entry with more
@@ -203,11 +214,31 @@ class XAddBatch:
         if limit is not None:
             invariant(type(limit) is int and 0 <= limit <= MAX_U64, "LIMIT out of range")
             opts |= OPT_LIMIT
+        if idmp_pid is not None:
+            idmp_pid = bytes(idmp_pid)
+            idmp_iids = tuple(idmp_iids)
+            invariant(idmp_pid and len(idmp_iids) == len(entries), "IDMP needs a producer and an iid per entry")
+            opts |= OPT_IDMP
+        else:
+            invariant(idmp_iids is None, "idempotent ids without a producer")
         out = [_XB_HEAD.pack(opts, a, b, limit or 0, len(key)), key]
         append, extend = out.append, out.extend
+        if idmp_pid is not None:
+            append(_U32.pack(len(idmp_pid)))
+            append(idmp_pid)
         items = []
         max_pairs = MAX_ARGC // 2
-        for kind, ms, seq, fields in entries:
+        for i, (kind, ms, seq, fields) in enumerate(entries):
+            if idmp_pid is not None:
+                iid = idmp_iids[i]
+                if kind != _ID_AUTO:
+                    invariant(False, "IDMP needs '*' IDs")
+                if iid is None:
+                    append(b"\x00\x00\x00\x00")          # IDMPAUTO
+                else:
+                    invariant(type(iid) is bytes and iid, "an IDMP iid is non-empty bytes")
+                    append(_U32.pack(len(iid)))
+                    append(iid)
             fields = tuple(fields)
             nf = len(fields)
             npair = nf >> 1
@@ -237,7 +268,7 @@ class XAddBatch:
         # `out` holds the fields and bytes we packed: one C-level pass checks them all.
         invariant(set(map(type, out)) == {bytes}, "fields are bytes")
         return cls(key, bool(no_mkstream), strategy, bool(approx), threshold, limit, tuple(items),
-                   b"".join(out))
+                   b"".join(out), idmp_pid, idmp_iids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,12 +592,21 @@ def _decode_xadd_batch(data: bytes, pos: int, end: int, n: int):
         raise CorruptEntry("XADD batch key of %d bytes runs past the end" % klen)
     key = data[pos:pos + klen]
     pos += klen
+    pid = iids = None
+    if opts & OPT_IDMP:
+        pid, pos = _decode_sized(data, pos, end, 1, "IDMP producer")
+        iids = []
     entries = []
     append = entries.append
     unpack_u32, unpack_u64, unpack_2u64 = _U32.unpack_from, _U64.unpack_from, _U64X2.unpack_from
     lens_struct = _lens_struct
     max_pairs = MAX_ARGC // 2
     for _ in range(n):
+        if iids is not None:
+            iid, pos = _decode_sized(data, pos, end, 0, "IDMP iid")
+            iids.append(iid or None)
+            if end - pos < 1 or data[pos] != _ID_AUTO:
+                raise CorruptEntry("XADD batch IDMP entry without an auto ID")
         if end - pos < _MIN_XENTRY:
             raise CorruptEntry("XADD batch entry runs past the end")
         kind = data[pos]
@@ -611,5 +651,17 @@ def _decode_xadd_batch(data: bytes, pos: int, end: int, n: int):
         pos += total
         append((kind, ms, sq, fields))
     batch = XAddBatch(key, bool(opts & OPT_NOMKSTREAM), strategy, bool(opts & OPT_APPROX), threshold,
-                      limit if opts & OPT_LIMIT else None, tuple(entries), data[start:pos])
+                      limit if opts & OPT_LIMIT else None, tuple(entries), data[start:pos], pid,
+                      None if iids is None else tuple(iids))
     return batch, pos
+
+
+def _decode_sized(data: bytes, pos: int, end: int, min_len: int, what: str):
+    """A u32-length-prefixed string at pos (min_len..MAX_ARG_BYTES bytes) and the position after it."""
+    if end - pos < 4:
+        raise CorruptEntry("%s runs past the end" % what)
+    n = _U32.unpack_from(data, pos)[0]
+    pos += 4
+    if n < min_len or n > MAX_ARG_BYTES or n > end - pos:
+        raise CorruptEntry("%s of %d bytes is out of bounds" % (what, n))
+    return data[pos:pos + n], pos + n

@@ -158,6 +158,8 @@ class GroupStats:
     applied_entries: int = 0
     snapshots_created: int = 0
     snapshots_installed: int = 0
+    snapshot_bytes_created: int = 0  # state machine image bytes of every snapshot created here
+    last_snapshot_bytes: int = 0  # the newest snapshot's image (created or installed), bytes
     inbox_dropped: int = 0
     step_errors: int = 0
 

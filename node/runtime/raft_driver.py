@@ -718,6 +718,7 @@ class GroupDriver:
         self.applied = self.snap_index = idx
         self.conf_state = snap.metadata.conf_state
         self.stats.snapshots_installed += 1
+        self.stats.last_snapshot_bytes = len(snap.data)
         if self._pending:  # a leader never installs a snapshot; a stale proposal cannot stay
             self._fail_pending("replaced by an installed snapshot")
 
@@ -768,6 +769,8 @@ class GroupDriver:
                                              index, cs, data, keep)
         self.snap_index = index
         self.stats.snapshots_created += 1
+        self.stats.snapshot_bytes_created += len(data)
+        self.stats.last_snapshot_bytes = len(data)
 
     # ------------------------------------------------ failure and shutdown
 

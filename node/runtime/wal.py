@@ -171,7 +171,8 @@ import fcntl
 import logging
 import os
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Optional
 
 import crc32c
@@ -277,6 +278,9 @@ class WalOptions:
     # The active segment's file is extended with zeros to a multiple of this (0: no zero-ahead,
     # every sync extends the file). Only speed depends on it; any value reads any WAL.
     zero_ahead_bytes: int = ZERO_AHEAD_BYTES
+    # Called with the seconds each commit fdatasync took (server/metrics.py's histogram),
+    # from whatever thread syncs (the executor). None: nothing is timed.
+    fsync_observer: Optional[Callable[[float], None]] = field(default=None, compare=False)
 
     def validate(self) -> None:
         if not isinstance(self.fsync, FsyncPolicy):
@@ -641,7 +645,13 @@ class Wal:
                    or self._last_fsync_ms is None
                    or now_ms - self._last_fsync_ms >= self.options.batch_interval_ms)
             if due:
-                _fdatasync(self._fd)
+                observer = self.options.fsync_observer
+                if observer is None:
+                    _fdatasync(self._fd)
+                else:
+                    t0 = time.perf_counter()
+                    _fdatasync(self._fd)
+                    observer(time.perf_counter() - t0)
                 self._unsynced_bytes = 0
                 self._synced_end = self._segments[-1].size
                 if now_ms is not None:

@@ -11,6 +11,7 @@
                [--tick-ms 100] [--election-ticks 10] [--snapshot-entries 10000]
                [--log-level warning] [--log-json]
                [--groups 1]                             data Raft groups the 16384 slots are split over
+               [--metrics HOST:PORT]                    Prometheus metrics at /metrics (server/metrics.py)
 
 TOML keys are the flag names without the dashes, `-` or `_` alike
 (`cluster-id` or `cluster_id`). `peers` / `resp-peers` take the flag's string
@@ -95,6 +96,8 @@ class NodeConfig:
     # Data groups of a new cluster (placement.initial_layout): fixed at the founding start and
     # kept in DATA/slot-map.json; a later start with another value is refused (slot_map_store.py).
     groups: int = 1
+    # Prometheus metrics listen address (server/metrics.py); None: no metrics endpoint.
+    metrics: Optional[str] = None
 
     def addresses(self) -> dict:
         """node id -> NodeAddresses, for redirects and CLUSTER SLOTS. This
@@ -164,6 +167,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="data Raft groups the 16384 slots are split over (default 1). Fixed when the "
                         "cluster is founded: every founding node must get the same value, and a later "
                         "start with another one is refused")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: none)")
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default warning: quiet")
     p.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     return p
@@ -215,6 +220,8 @@ def build(values: dict) -> NodeConfig:
     v["data_dir"] = str(v["data_dir"])
     v["grpc"] = check_address(v["grpc"], "--grpc")
     v["resp"] = check_address(v["resp"], "--resp")
+    if v.get("metrics") is not None:
+        v["metrics"] = check_address(v["metrics"], "--metrics")
     v["peers"] = parse_peers(v["peers"], "--peers")
     v["resp_peers"] = parse_peers(v.get("resp_peers") or {}, "--resp-peers")
     if v["id"] not in v["peers"]:

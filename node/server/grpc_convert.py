@@ -103,11 +103,17 @@ def xadd_batch(r: pb.XAddRequest):
     without = []
     items = []
     add = items.append
+    pid = r.producer_id or None
+    iids = [] if pid is not None else None
     for i, e in enumerate(r.entries):
         fields = e.fields
         if not fields:
             without.append(i)
             continue
+        if iids is not None:
+            if e.WhichOneof("id") is not None:
+                raise ArgumentError("ERR IDMP/IDMPAUTO can be used only with auto-generated IDs")
+            iids.append(e.idempotent_id or None)
         flat = []
         put = flat.append
         for f in fields:
@@ -124,7 +130,7 @@ def xadd_batch(r: pb.XAddRequest):
     if not items:
         return None, without
     return XAddBatch.build(r.key, items, no_mkstream=r.no_mkstream, strategy=strategy, approx=approx,
-                           threshold=threshold, limit=limit), without
+                           threshold=threshold, limit=limit, idmp_pid=pid, idmp_iids=iids), without
 
 
 def xrange_argv(r: pb.XRangeRequest, reverse: bool) -> list:

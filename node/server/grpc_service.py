@@ -165,6 +165,24 @@ def _opt(msg, name):
     return getattr(msg, name) if msg.HasField(name) else None
 
 
+_RPC_NAMES: dict = {}
+
+
+def rpc_name(body) -> str:
+    """The RPC a `body` closure belongs to ("XRaftService.XAdd.<locals>.body" -> "XAdd"),
+    cached per code object: one entry per RPC method."""
+    name = _RPC_NAMES.get(body.__code__)
+    if name is None:
+        parts = body.__qualname__.split(".")
+        name = _RPC_NAMES[body.__code__] = parts[1] if len(parts) > 2 else parts[0]
+    return name
+
+
+def rpc_names() -> list:
+    """Every unary RPC name of the XRaft service (the label values request stats allow)."""
+    return list(pb.DESCRIPTOR.services_by_name["XRaft"].methods_by_name)
+
+
 class XRaftService(pb_grpc.XRaftServicer):
     def __init__(self, backend, *, registry: BlockingRegistry | None = None, token: str | None = None,
                  grpc_address_of=None, info_server=None, client_memory: ClientMemory | None = None,
@@ -189,6 +207,7 @@ class XRaftService(pb_grpc.XRaftServicer):
             backend.add_ready_listener(registry.on_ready)
         self.registry = registry
         self.info_server = info_server or _InfoView(backend, registry)
+        self.request_stats = None         # request_stats.RequestStats when the node serves --metrics
         backend.add_role_listener(self._on_role_change)
 
     # -- plumbing -----------------------------------------------------------------------
@@ -271,6 +290,16 @@ class XRaftService(pb_grpc.XRaftServicer):
 
     async def _handle(self, request, context, body):
         """Run one unary RPC: body(call) -> response; any failure -> status."""
+        stats = self.request_stats
+        if stats is None:
+            return await self._handle_timed(request, context, body)
+        t0 = time.perf_counter()
+        try:
+            return await self._handle_timed(request, context, body)
+        finally:
+            stats.observe(rpc_name(body), time.perf_counter() - t0)
+
+    async def _handle_timed(self, request, context, body):
         call = None
         held = 0
         memory = self.client_memory

@@ -13,6 +13,7 @@
     backend                       --groups 1: the group's RaftBackend; more: ShardedBackend
                                   (sharded_backend.py) routing each request by its keys' slot
     LeaderBalancer                leaders move to each group's preferred node (leader_balance.py)
+    metrics on --metrics          Prometheus /metrics over HTTP on the event loop (metrics.py)
 
 Start-up: validate everything (config, secret, TLS files, token) before
 touching the data dir; lock the data dir (a second process on the same
@@ -58,6 +59,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ...proto.v1 import client_pb2, client_pb2_grpc, peer_pb2
 from ..cluster.slot_map import SlotMap
+from ..engine.commands import COMMANDS
 from ..fsm.slot_owner import OwnedSlots
 from ..raft.types import StateRole
 from ..runtime.disk_storage import DiskStorageOptions
@@ -72,9 +74,12 @@ from .backend import Backend, split_address
 from .client_memory import ClientMemory
 from .config import ConfigError, NodeConfig, parse_args
 from .data_dir import DataDir, StartError, open_data_dir
-from .grpc_service import XRaftService
+from .grpc_service import XRaftService, rpc_names
+from .info import SERVER_COMMANDS
 from .leader_balance import LeaderBalancer
+from .metrics import Metrics, MetricsServer, NodeCollector
 from .raft_backend import RaftBackend
+from .request_stats import RequestStats
 from .resp_server import RespServer
 from .sharded_backend import ShardedBackend
 from .slot_map_store import load_slot_map
@@ -142,6 +147,9 @@ class Node:
         self.health = health_aio.HealthServicer()
         self._health_task: Optional[asyncio.Task] = None
         self._serving: Optional[bool] = None
+        # --metrics: the registry exists before the WAL opens (it times each fsync).
+        self.metrics: Optional[Metrics] = Metrics() if cfg.metrics else None
+        self.metrics_server: Optional[MetricsServer] = None
 
     # -- start --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -150,7 +158,8 @@ class Node:
         transport = GrpcTransport(cfg.id, cfg.cluster_id, self.secret, cfg.grpc, peers, tls=self.tls,
                                   advertise_address=cfg.peers[cfg.id], incarnation=self.data.incarnation,
                                   check_incarnation=self.data.peers.check)
-        wal = WalOptions(fsync=FsyncPolicy[cfg.fsync.upper()])
+        wal = WalOptions(fsync=FsyncPolicy[cfg.fsync.upper()],
+                         fsync_observer=self.metrics.observe_fsync if self.metrics else None)
         group = GroupOptions(election_tick=cfg.election_ticks, snapshot_entries=cfg.snapshot_entries,
                              storage=DiskStorageOptions(wal=wal))
         self.mr = MultiRaft(cfg.id, transport, MultiRaftOptions(tick_interval_s=cfg.tick_ms / 1000, group=group))
@@ -196,11 +205,11 @@ class Node:
                                client_memory=ClientMemory(cfg.client_memory_bytes))
         grpc_of_resp = {a.resp: a.grpc for a in addresses.values() if a.resp}
         server = grpc.aio.server(options=server_options(transport.limits))
-        client_pb2_grpc.add_XRaftServicer_to_server(
-            XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get,
-                         info_server=self.resp, layout=self.layout_view,
-                         admin=AdminRpcs(cfg.id, self.layout, self.backends, lambda: self.balancer,
-                                         {nid: a.grpc for nid, a in addresses.items()})), server)
+        service = XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get,
+                               info_server=self.resp, layout=self.layout_view,
+                               admin=AdminRpcs(cfg.id, self.layout, self.backends, lambda: self.balancer,
+                                               {nid: a.grpc for nid, a in addresses.items()}))
+        client_pb2_grpc.add_XRaftServicer_to_server(service, server)
         transport.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((
@@ -225,12 +234,27 @@ class Node:
         except OSError as exc:
             raise StartError(f"cannot listen on --resp {cfg.resp}: {exc}") from None
         self._update_health()
+        if self.metrics is not None:
+            await self._start_metrics(service)
         if len(self.layout.groups) > 1:
             self.balancer = LeaderBalancer(cfg.id, self.layout, self.backends, interval_s=max(0.2, election_s),
                                            cooldown_s=max(2.0, 5 * election_s))
             self._balance_task = asyncio.get_running_loop().create_task(self.balancer.run())
         warn_unauthenticated(cfg, self.token)
         log.warning("xraft-node %d ready grpc=%s resp=%s", cfg.id, cfg.grpc, cfg.resp)
+
+    async def _start_metrics(self, service: XRaftService) -> None:
+        """--metrics: request stats in both front ends, the collector, the HTTP endpoint."""
+        self.resp.request_stats = RequestStats("resp", set(COMMANDS) | set(SERVER_COMMANDS))
+        service.request_stats = RequestStats("grpc", rpc_names())
+        self.metrics.add_collector(NodeCollector(
+            self.cfg.id, lambda: self.backends, (self.resp.request_stats, service.request_stats),
+            lambda: {"resp": self.resp.registry.blocked_clients, "grpc": service.registry.blocked_clients}))
+        self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics)
+        try:
+            await self.metrics_server.start()
+        except OSError as exc:
+            raise StartError(f"cannot listen on --metrics {self.cfg.metrics}: {exc}") from None
 
     def layout_view(self) -> tuple:
         """(the slot map, {group id: (leader id, term)} this node knows, its id): ClusterLayout."""
@@ -278,6 +302,8 @@ class Node:
         if self.mr is not None and self.mr.loop is not None:
             await self.mr.close()
         closers = []
+        if self.metrics_server is not None:
+            closers.append(self.metrics_server.close())
         if self.server is not None:
             closers.append(self.server.stop(GRACE_S))
         if self.resp is not None:

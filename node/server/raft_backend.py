@@ -165,6 +165,21 @@ class FsmAdapter:
             self.on_restored()
 
 
+# How a proposed record ended: applied; NotLeader (deposed before it was logged);
+# dropped (ProposalDropped: will never apply); unknown (UnknownOutcome: may have applied).
+PROPOSAL_OUTCOMES = ("applied", "not_leader", "dropped", "unknown")
+
+
+def _outcome(exc) -> str:
+    if exc is None:
+        return "applied"
+    if isinstance(exc, drv.NotLeader):
+        return "not_leader"
+    if isinstance(exc, drv.ProposalDropped):
+        return "dropped"
+    return "unknown"
+
+
 class _Record:
     """One proposed record: the submits it carries, resolved by the driver's callback."""
 
@@ -240,6 +255,8 @@ class RaftBackend(Backend):
         self.requests = 0
         self.max_batch = 0
         self.appended = 0                  # entries this node appended as leader (on_change)
+        # Records by how they ended (server/metrics.py): applied, or failed before / after the log.
+        self.outcomes = dict.fromkeys(PROPOSAL_OUTCOMES, 0)
 
     # -- life cycle ---------------------------------------------------------------------
     def attach(self, driver: drv.GroupDriver) -> None:
@@ -697,6 +714,7 @@ class RaftBackend(Backend):
     def _proposal_ended(self, rec: "_Record", results, exc) -> None:
         """A record's outcome (loop thread; possibly from inside the driver: no driver calls)."""
         group = rec.group
+        self.outcomes[_outcome(exc)] += 1
         if exc is None:
             invariant(isinstance(results, list) and len(results) == sum(len(g[0]) for g in group),
                       "one result per request of the record")

@@ -319,6 +319,17 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         return encode_reply(value, self.proto)
 
     async def execute(self, argv) -> bytes:
+        stats = self.server.request_stats
+        if stats is None:
+            return await self._execute(argv)
+        t0 = time.perf_counter()
+        try:
+            return await self._execute(argv)
+        finally:
+            # Blocking commands count their wait too (redis's latency of a BLPOP includes it).
+            stats.observe(bytes(argv[0][:32]).lower().decode("latin-1"), time.perf_counter() - t0)
+
+    async def _execute(self, argv) -> bytes:
         self.last_active = time.monotonic()
         try:
             # XREAD/XREADGROUP replies are engine PairMaps: encode_reply sends them as a
@@ -656,6 +667,7 @@ class RespServer:
         self.started = time.monotonic()
         self.stats_connections = 0
         self.stats_rejected = 0
+        self.request_stats = None         # request_stats.RequestStats when the node serves --metrics
         self._ids = 0
         self._server = None
         self.draining = False

@@ -133,7 +133,8 @@ def _expected():
 def test_every_family_through_the_async_sdk_matches_the_engine():
     async def body():
         async with serving(_backend()) as (addr, _, _s):
-            async with Client([addr], timeout=5) as c:
+            # Plain XADDs, as the script's argvs (the IDMP producer: test_sdk_idmp.py).
+            async with Client([addr], timeout=5, idempotent_producer=False) as c:
                 got = [await getattr(c, m)(*a, **k) for m, a, k, *_ in SCRIPT]
         assert got == _expected()
         info = got[-1]
@@ -143,7 +144,7 @@ def test_every_family_through_the_async_sdk_matches_the_engine():
 
 def test_every_family_through_the_sync_sdk_matches_the_engine():
     with ThreadServer(_backend()) as (addr, _):
-        with sync.Client([addr], timeout=5) as c:
+        with sync.Client([addr], timeout=5, idempotent_producer=False) as c:
             got = [getattr(c, m)(*a, **k) for m, a, k, *_ in SCRIPT]
             assert c.xinfo_stream("s").last_generated_id == StreamID(NOW, 5)
     assert got == _expected()
@@ -355,10 +356,17 @@ class _LosesFirst(LocalBackend):
 def test_unknown_outcome_is_retried_only_with_a_request_id():
     async def body():
         async with serving(_LosesFirst(2)) as (addr, backend, _s):
-            async with Client([addr], timeout=5, request_ids=False) as c:
+            async with Client([addr], timeout=5, request_ids=False, idempotent_producer=False) as c:
                 with pytest.raises(errors.UnknownOutcomeError):
                     await c.xadd("a", {"f": "v"})
                 assert await c.xlen("a") == 1           # it was applied: the caller must decide
+            async with Client([addr], timeout=5, request_ids=False) as c:   # IDMP: resent, deduplicated
+                backend.left = 2
+                sid = await c.xadd("i", {"f": "v"})
+                assert [e.id for e in await c.xrange("i")] == [sid]
+                backend.left = 1
+                ids = await c.xadd_batch("i", [{"n": i} for i in range(50)])
+                assert await c.xlen("i") == 51 and [e.id for e in await c.xrange("i")][1:] == ids
             async with Client([addr], timeout=5) as c:  # request ids: resent, deduplicated
                 sid = await c.xadd("b", {"f": "v"})
                 assert [e.id for e in await c.xrange("b")] == [sid]

@@ -172,7 +172,7 @@ def _with_groups(group_records, count=None):
     good = dump_stream(build([["XADD", "s", "1-1", "a", "b"], ["XADD", "s", "2-1", "a", "b"]]).get(b"s"))
     head = good[:_groups_offset(good)]
     n = len(group_records) if count is None else count
-    return _refit(head + struct.pack(">I", n) + b"".join(group_records))
+    return _refit(head + struct.pack(">I", n) + b"".join(group_records) + b"\x00")   # b"\x00": no idmp table
 
 
 ID1 = (1).to_bytes(8, "big") + (1).to_bytes(8, "big")

@@ -1,0 +1,314 @@
+"""XADD IDMP/IDMPAUTO and XCFGSET (Redis 8.6), as the idempotency docs page and
+redis 8.6's tests/unit/type/stream.tcl describe them (no redis-server 8.6 on
+this machine, so the expected values are those pages', written out here).
+Also: the table in the stream snapshot (version 2, version 1 still read),
+expiry by the record's time only, and XINFO STREAM of a stream that never
+used IDMP staying redis 7.0's."""
+import struct
+import zlib
+
+import pytest
+
+from tests.redis_oracle import RedisReplyError, engine_call
+from xraft.node.engine import idmp as im
+from xraft.node.engine.cmd_streams import ID_AUTO, ID_EXPLICIT, xadd_many
+from xraft.node.engine.keyspace import Keyspace
+from xraft.node.engine.stream_codec import CorruptStreamState, dump_stream, load_stream
+
+
+def call(db, *argv, now_ms=1000):
+    return engine_call(db, *argv, now_ms=now_ms)
+
+
+def info(db, key="s", *more):
+    reply = call(db, "XINFO", "STREAM", key, *more)
+    return dict(zip(reply[0::2], reply[1::2]))
+
+
+def err(text):
+    return RedisReplyError(text)
+
+
+# -- syntax and errors ("XADD IDMP with invalid syntax", "XADD IDMPAUTO with invalid syntax") --------
+
+@pytest.mark.parametrize("argv, error", [
+    (("IDMP", "p1", "*", "f", "v"), "ERR Invalid stream ID specified as stream command argument"),
+    (("IDMP", "p1", "iid1", "1-1", "f", "v"), im.ERR_AUTO_ID_ONLY),
+    (("IDMPAUTO", "p1", "1-1", "f", "v"), im.ERR_AUTO_ID_ONLY),
+    (("IDMP", "p1", "iid1", "IDMP", "p2", "iid2", "*", "f", "v"), im.ERR_TWICE),
+    (("IDMPAUTO", "p1", "IDMP", "p2", "iid2", "*", "f", "v"), im.ERR_TWICE),
+    (("IDMPAUTO", "p1", "IDMPAUTO", "p2", "*", "f", "v"), im.ERR_TWICE),
+    (("IDMP", "p1", "iid1", "IDMPAUTO", "p2", "*", "f", "v"), im.ERR_TWICE),
+    (("IDMP", "", "iid1", "*", "f", "v"), "ERR IDMP requires a non-empty producer ID"),
+    (("IDMP", "p1", "", "*", "f", "v"), "ERR IDMP requires a non-empty idempotent ID"),
+    (("IDMPAUTO", "", "*", "f", "v"), "ERR IDMPAUTO requires a non-empty producer ID"),
+])
+def test_invalid_syntax(argv, error):
+    db = Keyspace()
+    assert call(db, "XADD", "s", *argv) == err(error)
+    assert db.get(b"s") is None
+
+
+def test_duplicate_answers_first_id_and_keeps_first_fields():
+    db = Keyspace()
+    first = call(db, "XADD", "s", "IDMP", "p1", "payment-abc", "*", "amount", "100", now_ms=1000)
+    again = call(db, "XADD", "s", "IDMP", "p1", "payment-abc", "*", "amount", "200", now_ms=2000)
+    assert first == again == b"1000-0"
+    assert call(db, "XRANGE", "s", "-", "+") == [[b"1000-0", [b"amount", b"100"]]]
+    fields = info(db)
+    assert (fields[b"iids-added"], fields[b"iids-duplicates"], fields[b"iids-tracked"],
+            fields[b"pids-tracked"]) == (1, 1, 1, 1)
+
+
+def test_options_in_any_order_and_with_trimming():
+    db = Keyspace()
+    a = call(db, "XADD", "s", "IDMP", "p1", "r1", "MAXLEN", "~", "100", "*", "f", "1")
+    b = call(db, "XADD", "s", "MAXLEN", "~", "100", "IDMP", "p1", "r2", "*", "f", "2")
+    c = call(db, "XADD", "s", "NOMKSTREAM", "IDMP", "p1", "r3", "MAXLEN", "~", "100", "*", "f", "3")
+    assert len({a, b, c}) == 3
+    assert call(db, "XADD", "s", "IDMP", "p1", "r1", "MAXLEN", "=", "1", "*", "f", "x") == a
+    assert call(db, "XLEN", "s") == 3          # a duplicate does not trim either
+
+
+def test_nomkstream_on_missing_key_is_nil():
+    db = Keyspace()
+    assert call(db, "XADD", "s", "NOMKSTREAM", "IDMP", "p1", "r", "*", "f", "v") is None
+    assert call(db, "XADD", "s", "NOMKSTREAM", "IDMPAUTO", "p1", "*", "f", "v") is None
+    assert db.get(b"s") is None
+
+
+def test_wrongtype():
+    db = Keyspace()
+    call(db, "RPUSH", "s", "x")
+    assert call(db, "XADD", "s", "IDMP", "p", "i", "*", "f", "v") == err(
+        "WRONGTYPE Operation against a key holding the wrong kind of value")
+
+
+def test_producers_are_isolated_and_iids_binary_safe():
+    db = Keyspace()
+    one = call(db, "XADD", "s", "IDMP", "producer1", "req-123", "*", "f", "1")
+    two = call(db, "XADD", "s", "IDMP", "producer2", "req-123", "*", "f", "2")
+    binary = call(db, "XADD", "s", "IDMP", b"\x00\x01", b"\x00\xff", "*", "f", "3")
+    long_iid = call(db, "XADD", "s", "IDMP", "p", b"x" * 65536, "*", "f", "4")
+    assert len({one, two, binary, long_iid}) == 4
+    assert call(db, "XADD", "s", "IDMP", b"\x00\x01", b"\x00\xff", "*", "f", "dup") == binary
+    assert call(db, "XADD", "s", "IDMP", "p", b"x" * 65536, "*", "f", "dup") == long_iid
+    assert info(db)[b"pids-tracked"] == 4
+
+
+def test_idmpauto_hashes_content_in_any_field_order():
+    db = Keyspace()
+    a = call(db, "XADD", "s", "IDMPAUTO", "p1", "*", "f1", "a", "f2", "b", "f3", "c")
+    assert call(db, "XADD", "s", "IDMPAUTO", "p1", "*", "f2", "b", "f3", "c", "f1", "a") == a
+    assert call(db, "XADD", "s", "IDMPAUTO", "p1", "*", "f3", "c", "f1", "x", "f2", "b") != a
+    assert call(db, "XADD", "s", "IDMPAUTO", "p1", "*", "field1", "value") != call(
+        db, "XADD", "s", "IDMPAUTO", "p1", "*", "field2", "value")
+    # length-prefixed: moving bytes between field and value is another entry
+    assert call(db, "XADD", "s", "IDMPAUTO", "p1", "*", "ab", "c") != call(
+        db, "XADD", "s", "IDMPAUTO", "p1", "*", "a", "bc")
+    assert call(db, "XADD", "s", "IDMPAUTO", "p2", "*", "f1", "a", "f2", "b", "f3", "c") != a
+    # IDMP's iid space and IDMPAUTO's never meet
+    assert im.manual_iid(b"x") != im.auto_iid([b"x", b""])
+
+
+def test_maxsize_evicts_oldest_per_producer():
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "p1", "init", "*", "f", "init")
+    assert call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "3", "IDMP-DURATION", "60") == "OK"
+    ids = [call(db, "XADD", "s", "IDMP", "p1", "req-%d" % i, "*", "f", "v") for i in (1, 2, 3)]
+    p2 = [call(db, "XADD", "s", "IDMP", "p2", "req-%d" % i, "*", "f", "v") for i in (1, 2, 3)]
+    assert [call(db, "XADD", "s", "IDMP", "p1", "req-%d" % i, "*", "f", "d") for i in (1, 2, 3)] == ids
+    assert [call(db, "XADD", "s", "IDMP", "p2", "req-%d" % i, "*", "f", "d") for i in (1, 2, 3)] == p2
+    call(db, "XADD", "s", "IDMP", "p1", "req-4", "*", "f", "v")          # evicts p1's req-1
+    assert call(db, "XADD", "s", "IDMP", "p1", "req-1", "*", "f", "new") != ids[0]   # evicts req-2
+    assert call(db, "XADD", "s", "IDMP", "p1", "req-3", "*", "f", "dup") == ids[2]
+    fields = info(db)
+    assert fields[b"iids-tracked"] == 6 and fields[b"pids-tracked"] == 2
+
+
+def test_expiry_uses_the_records_time_only():
+    db = Keyspace()
+    first = call(db, "XADD", "s", "IDMP", "p1", "r", "*", "f", "v", now_ms=10_000)
+    call(db, "XCFGSET", "s", "IDMP-DURATION", "1", now_ms=10_000)       # clears: record again
+    first = call(db, "XADD", "s", "IDMP", "p1", "r", "*", "f", "v", now_ms=10_000)
+    assert call(db, "XADD", "s", "IDMP", "p1", "r", "*", "f", "v", now_ms=11_000) == first   # 1 s: kept
+    later = call(db, "XADD", "s", "IDMP", "p1", "r", "*", "f", "v", now_ms=11_001)           # past it
+    assert later != first
+    assert info(db)[b"iids-tracked"] == 1
+
+
+def test_a_producer_with_nothing_left_is_not_tracked():
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "p1", "r", "*", "f", "v", now_ms=1000)
+    call(db, "XADD", "s", "IDMP", "p2", "r", "*", "f", "v", now_ms=200_000)  # p1's pair expired
+    fields = info(db)
+    assert (fields[b"pids-tracked"], fields[b"iids-tracked"], fields[b"iids-added"]) == (1, 1, 2)
+
+
+def test_deleted_entry_still_answers_its_id():
+    db = Keyspace()
+    sid = call(db, "XADD", "s", "IDMP", "p", "r", "*", "f", "v")
+    call(db, "XDEL", "s", sid)
+    assert call(db, "XADD", "s", "IDMP", "p", "r", "*", "f", "v") == sid
+    assert call(db, "XLEN", "s") == 0
+
+
+def test_tracked_total_is_bounded(monkeypatch):
+    monkeypatch.setattr(im, "MAX_TRACKED_IIDS", 5)
+    db = Keyspace()
+    ids = [call(db, "XADD", "s", "IDMP", "p%d" % i, "r", "*", "f", "v") for i in range(7)]
+    assert info(db)[b"iids-tracked"] == 5
+    assert call(db, "XADD", "s", "IDMP", "p0", "r", "*", "f", "v") != ids[0]     # oldest went first
+    assert call(db, "XADD", "s", "IDMP", "p6", "r", "*", "f", "v") == ids[6]
+
+
+# -- XCFGSET ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, error", [
+    ((), "ERR At least one parameter must be specified"),
+    (("IDMP-DURATION",), "ERR syntax error"),
+    (("IDMP-MAXSIZE",), "ERR syntax error"),
+    (("INVALID",), "ERR syntax error"),
+    (("IDMP-DURATION", "A"), "ERR value is not an integer or out of range"),
+    (("IDMP-DURATION", "3.14"), "ERR value is not an integer or out of range"),
+    (("IDMP-DURATION", "000000000"), "ERR value is not an integer or out of range"),
+    (("IDMP-DURATION", "IDMP-DURATION"), "ERR value is not an integer or out of range"),
+    (("IDMP-DURATION", "INVALID", "IDMP-MAXSIZE"), "ERR value is not an integer or out of range"),
+    (("IDMP-MAXSIZE", "120-5"), "ERR value is not an integer or out of range"),
+    (("IDMP-DURATION", "0"), "ERR IDMP-DURATION must be between 1 and 86400 seconds"),
+    (("IDMP-DURATION", "-100"), "ERR IDMP-DURATION must be between 1 and 86400 seconds"),
+    (("IDMP-DURATION", "86401"), "ERR IDMP-DURATION must be between 1 and 86400 seconds"),
+    (("IDMP-MAXSIZE", "0"), "ERR IDMP-MAXSIZE must be between 1 and 10000 entries"),
+    (("IDMP-MAXSIZE", "10001"), "ERR IDMP-MAXSIZE must be between 1 and 10000 entries"),
+])
+def test_xcfgset_errors_change_nothing(args, error):
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "p1", "r", "*", "f", "v")
+    before = dump_stream(db.get(b"s"))
+    assert call(db, "XCFGSET", "s", *args) == err(error)
+    assert dump_stream(db.get(b"s")) == before
+
+
+def test_xcfgset_missing_key_and_wrongtype():
+    db = Keyspace()
+    assert call(db, "XCFGSET", "s", "IDMP-DURATION", "5") == err("ERR no such key")
+    call(db, "SET", "k", "v")
+    assert call(db, "XCFGSET", "k", "IDMP-DURATION", "5") == err(
+        "WRONGTYPE Operation against a key holding the wrong kind of value")
+
+
+def test_xcfgset_sets_values_shown_by_xinfo_and_clears_history_on_change():
+    db = Keyspace()
+    sid = call(db, "XADD", "s", "IDMP", "p1", "r1", "*", "f", "v")
+    call(db, "XADD", "s", "IDMP", "p1", "r1", "*", "f", "dup")
+    assert {k: info(db)[k] for k in (b"idmp-duration", b"idmp-maxsize")} == {
+        b"idmp-duration": 100, b"idmp-maxsize": 100}
+    assert call(db, "XCFGSET", "s", "IDMP-DURATION", "100", "IDMP-MAXSIZE", "100") == "OK"   # same: kept
+    assert call(db, "XADD", "s", "IDMP", "p1", "r1", "*", "f", "dup") == sid
+    assert call(db, "XCFGSET", "s", "IDMP-DURATION", "86400") == "OK"
+    fields = info(db)
+    assert (fields[b"idmp-duration"], fields[b"idmp-maxsize"], fields[b"pids-tracked"],
+            fields[b"iids-tracked"], fields[b"iids-added"], fields[b"iids-duplicates"]) == (86400, 100, 0, 0, 1, 2)
+    assert call(db, "XADD", "s", "IDMP", "p1", "r1", "*", "f", "new") != sid
+    full = call(db, "XINFO", "STREAM", "s", "FULL")
+    assert dict(zip(full[0::2], full[1::2]))[b"iids-added"] == 2
+
+
+def test_xinfo_of_a_stream_without_idmp_is_redis_7():
+    db = Keyspace()
+    call(db, "XADD", "s", "*", "f", "v")
+    keys = list(info(db))
+    assert b"idmp-duration" not in keys and keys.index(b"groups") == 7
+    call(db, "XADD", "s", "IDMP", "p", "r", "*", "f", "v")
+    keys = list(info(db))
+    assert keys[7:14] == [b"idmp-duration", b"idmp-maxsize", b"pids-tracked", b"iids-tracked",
+                          b"iids-added", b"iids-duplicates", b"groups"]
+
+
+def test_inside_multi_a_duplicate_sees_the_earlier_command():
+    db = Keyspace()
+    # xadd_many is the gRPC batch: the same as XADD ... in one MULTI
+    entries = [(ID_AUTO, 0, 0, (b"f", b"1")), (ID_AUTO, 0, 0, (b"f", b"2")), (ID_AUTO, 0, 0, (b"f", b"1")),
+               (ID_EXPLICIT, 5, 0, (b"f", b"3"))]
+    out = xadd_many(db, b"s", entries, 1000, idmp_pid=b"p", idmp_iids=(b"a", b"b", b"a", b"c"))
+    assert out[:3] == [b"1000-0", b"1000-1", b"1000-0"]
+    assert out[3].message == im.ERR_AUTO_ID_ONLY
+    auto = xadd_many(db, b"s", entries[:3], 1000, idmp_pid=b"q", idmp_iids=(None, None, None))
+    assert auto == [b"1000-2", b"1000-3", b"1000-2"]
+    db2 = Keyspace()
+    for iid, (_, _, _, fields) in zip((b"a", b"b", b"a"), entries[:3]):
+        call(db2, "XADD", "s", "IDMP", "p", iid, "*", *fields)
+    for _, _, _, fields in entries[:3]:
+        call(db2, "XADD", "s", "IDMPAUTO", "q", "*", *fields)
+    assert dump_stream(db.get(b"s")) == dump_stream(db2.get(b"s"))
+
+
+# -- snapshot --------------------------------------------------------------------------
+
+def _state(db):
+    st = db.get(b"s").idmp
+    return (st.duration_s, st.maxsize, st.iids_added, st.iids_duplicates, list(st.pairs()))
+
+
+def test_snapshot_round_trip_keeps_the_table():
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "p1", "r1", "*", "f", "v", now_ms=1000)
+    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "2", "IDMP-DURATION", "50")
+    for i, (pid, iid) in enumerate([("p1", "a"), ("p2", "a"), ("p1", "b"), ("p1", "c"), ("p1", "c")]):
+        call(db, "XADD", "s", "IDMP", pid, iid, "*", "f", "v", now_ms=2000 + i)
+    buf = dump_stream(db.get(b"s"))
+    loaded = load_stream(buf)
+    db2 = Keyspace()
+    db2.set(b"s", loaded)
+    assert _state(db2) == _state(db)
+    assert dump_stream(loaded) == buf
+    # same replies afterwards, duplicates and evictions included
+    for pid, iid in [("p1", "a"), ("p1", "b"), ("p2", "a"), ("p1", "c"), ("p3", "z")]:
+        assert call(db, "XADD", "s", "IDMP", pid, iid, "*", "f", "v", now_ms=3000) == call(
+            db2, "XADD", "s", "IDMP", pid, iid, "*", "f", "v", now_ms=3000)
+    assert dump_stream(db.get(b"s")) == dump_stream(db2.get(b"s"))
+
+
+def test_version_1_snapshot_still_loads():
+    db = Keyspace()
+    call(db, "XADD", "s", "*", "f", "v")
+    call(db, "XGROUP", "CREATE", "s", "g", "0")
+    v2 = dump_stream(db.get(b"s"))
+    body = bytearray(v2[:-4 - 1])          # drop the idmp section (b"\0": none) and the CRC
+    body[4] = 1
+    v1 = bytes(body) + struct.pack(">I", zlib.crc32(bytes(body)))
+    loaded = load_stream(v1)
+    assert loaded.idmp is None and dump_stream(loaded) == v2
+
+
+def _refit(body: bytes) -> bytes:
+    return body + struct.pack(">I", zlib.crc32(body))
+
+
+def test_corrupt_idmp_sections_rejected():
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "p1", "r1", "*", "f", "v", now_ms=1000)
+    call(db, "XADD", "s", "IDMP", "p1", "r2", "*", "f", "v", now_ms=2000)
+    buf = dump_stream(db.get(b"s"))
+    body = buf[:-4]
+    pair = 4 + 2 + 16 + 16 + 8
+    head = len(body) - 2 * pair - struct.calcsize(">IIQQI") - 1
+    assert body[head] == 1
+    cases = [
+        body[:head] + b"\x02" + body[head + 1:],                                     # bad flag
+        body[:head + 1] + struct.pack(">I", 0) + body[head + 5:],                   # duration 0
+        body[:head + 1] + struct.pack(">I", 86401) + body[head + 5:],
+        body[:head + 5] + struct.pack(">I", 10001) + body[head + 9:],               # maxsize
+        body[:head + 5] + struct.pack(">I", 1) + body[head + 9:],                   # 2 pairs > maxsize 1
+        body[:head + 9] + struct.pack(">Q", 1) + body[head + 17:],                  # added < tracked
+        body[:head + 25] + struct.pack(">I", 3) + body[head + 29:],                 # count past the end
+        body[:-pair] + body[-2 * pair:-pair],                                        # the same pair twice
+        body[:-2 * pair] + body[-pair:] + body[-2 * pair:-pair],                     # out of time order
+        body[:-2 * pair] + struct.pack(">I", 0) + body[-2 * pair + 4:-pair],         # empty producer
+    ]
+    for bad in cases:
+        with pytest.raises(CorruptStreamState):
+            load_stream(_refit(bad))
+    for n in range(head, len(buf)):
+        with pytest.raises(CorruptStreamState):
+            load_stream(buf[:n])

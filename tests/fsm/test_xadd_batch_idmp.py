@@ -1,0 +1,111 @@
+"""XADD_BATCH with IDMP (entry.py opts 0x20): the same results and state, byte for
+byte, as `XADD key ... IDMP pid iid * f v` (IDMPAUTO for an entry without an iid)
+in one MULTI; the record round trip; its refusal of malformed IDMP parts; and the
+table surviving a state-machine snapshot (restart / snapshot install)."""
+import struct
+
+import pytest
+
+from tests.fsm.test_xadd_batch import _forge, _head, _run, _xe
+from xraft.node.engine.dump import dump_keyspace
+from xraft.node.fsm.entry import Record, Request, XAddBatch, decode_record, encode_record
+from xraft.node.fsm.errors import CorruptEntry
+from xraft.node.fsm.state_machine import StateMachine
+from xraft.node.invariant import InvariantViolation
+
+NOW = 1_700_000_000_000
+
+
+def _batch(iids, pid=b"p", key=b"s", fields=None, **trim):
+    entries = [(0, 0, 0, fields or (b"f", b"%d" % i)) for i in range(len(iids))]
+    return XAddBatch.build(key, entries, idmp_pid=pid, idmp_iids=iids, **trim)
+
+
+def _argvs(b: XAddBatch) -> list:
+    out = []
+    for (_, _, _, fields), iid in zip(b.entries, b.idmp_iids):
+        mode = [b"IDMPAUTO", b.idmp_pid] if iid is None else [b"IDMP", b.idmp_pid, iid]
+        out.append([b"XADD", b.key] + mode + [b"*"] + list(fields))
+    return out
+
+
+def _results(sm, req):
+    return [r.message if hasattr(r, "message") else r for r in _run(sm, NOW, req)[0]]
+
+
+@pytest.mark.parametrize("steps", [
+    [[b"a", b"b", b"a"], [b"a", None, b"c"]],
+    [[None, None], [None]],
+    [[b"x" * 300], [b"x" * 300, b"y"]],
+])
+def test_same_as_a_multi_of_idmp_xadds(steps):
+    fast, slow = StateMachine(), StateMachine()
+    for iids in steps:
+        b = _batch(iids, fields=(b"f", b"same"))
+        got = _results(fast, Request.xadd_batch(0, 0, b))
+        want = _results(slow, Request.multi(0, 0, _argvs(b)))
+        assert got == want
+    assert dump_keyspace(fast.keyspace) == dump_keyspace(slow.keyspace)
+    info = fast.keyspace.get(b"s").idmp
+    assert info.iids_duplicates > 0 or steps[0] == [b"x" * 300]
+
+
+def test_round_trip_and_raw():
+    b = _batch([b"a", None, b"\x00\xff"], pid=b"producer-1", strategy="maxlen", approx=True, threshold=5)
+    data = encode_record(7, [Request.xadd_batch(3, 4, b)])
+    back = decode_record(data)
+    assert back == Record(7, (Request.xadd_batch(3, 4, b),))
+    got = back.requests[0].xadd
+    assert (got.idmp_pid, got.idmp_iids, got.raw) == (b"producer-1", (b"a", None, b"\x00\xff"), b.raw)
+    assert encode_record(7, back.requests) == data
+
+
+def test_every_truncation_is_rejected():
+    data = encode_record(7, [Request.xadd_batch(0, 0, _batch([b"a", None]))])
+    for n in range(len(data)):
+        with pytest.raises(CorruptEntry):
+            decode_record(data[:n])
+
+
+def _record(payload: bytes) -> bytes:
+    return _forge(struct.pack(">2sBBQI", b"XE", 1, 0, 0, 1) + struct.pack(">QQBI", 0, 0, 5, 1) + payload)
+
+
+def _u32s(*values) -> bytes:
+    return struct.pack(">%dI" % len(values), *values)
+
+
+@pytest.mark.parametrize("payload, why", [
+    (_head(opts=0x20) + _u32s(0) + _u32s(1) + b"i" + _xe(), "empty producer"),
+    (_head(opts=0x20) + _u32s(9) + b"p", "producer past the end"),
+    (_head(opts=0x20) + _u32s(1) + b"p" + _u32s(50) + b"i" + _xe(), "iid past the end"),
+    (_head(opts=0x20) + _u32s(1) + b"p" + _u32s(1) + b"i" + _xe(kind=2, ids=struct.pack(">QQ", 1, 1)),
+     "IDMP with an explicit ID"),
+    (_head(opts=0x40) + _xe(), "unknown option bit"),
+])
+def test_malformed_idmp_parts_refused(payload, why):
+    good = _record(_head(opts=0x20) + _u32s(1) + b"p" + _u32s(1) + b"i" + _xe())
+    assert decode_record(good).requests[0].xadd.idmp_iids == (b"i",)
+    with pytest.raises(CorruptEntry):
+        decode_record(_record(payload))
+
+
+def test_build_refuses_what_the_record_cannot_say():
+    with pytest.raises(InvariantViolation):
+        XAddBatch.build(b"s", [(2, 1, 1, (b"f", b"v"))], idmp_pid=b"p", idmp_iids=[b"i"])
+    with pytest.raises(InvariantViolation):
+        XAddBatch.build(b"s", [(0, 0, 0, (b"f", b"v"))], idmp_pid=b"", idmp_iids=[b"i"])
+    with pytest.raises(InvariantViolation):
+        XAddBatch.build(b"s", [(0, 0, 0, (b"f", b"v"))], idmp_pid=b"p", idmp_iids=[b""])
+    with pytest.raises(InvariantViolation):
+        XAddBatch.build(b"s", [(0, 0, 0, (b"f", b"v"))], idmp_iids=[b"i"])
+
+
+def test_table_survives_a_state_machine_snapshot():
+    sm = StateMachine()
+    first = _results(sm, Request.xadd_batch(0, 0, _batch([b"a", b"b"])))
+    restored = StateMachine()
+    restored.restore(sm.snapshot())
+    again = _results(restored, Request.xadd_batch(0, 0, _batch([b"a", b"b"])))
+    assert again == first
+    assert restored.keyspace.get(b"s").length == 2
