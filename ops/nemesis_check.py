@@ -243,8 +243,11 @@ def _check_delivery_counts(ops: list, pending: dict) -> list:
 
 def _check_claim_idle(ops: list, deliveries: dict) -> list:
     """A claim with min-idle m that completed at c cannot take an entry whose delivery
-    was invoked after c - m and completed before the claim was invoked (then the entry
-    was idle less than m when claimed, in real time)."""
+    certainly happened after c - m and completed before the claim was invoked (then the
+    entry was idle less than m when claimed, in real time). The earliest a delivery can
+    have happened is its invoke, except for a Consume session's: the server pushes
+    entries (and replays after a reconnect) before the client asks for them, so its
+    bound is when the session was opened (`session_opened`)."""
     out = []
     for o in ops:
         if o.f != "xautoclaim" or o.type != "ok":
@@ -252,7 +255,8 @@ def _check_claim_idle(ops: list, deliveries: dict) -> list:
         min_idle = o.extra.get("min_idle_ms", 0) / 1000.0
         for entry_id in o.result or []:
             for d in deliveries.get((o.key, entry_id), []):
-                if d is not o and d.complete < o.invoke and o.complete - d.invoke < min_idle:
+                earliest = d.extra.get("session_opened", float("-inf")) if d.f == "consume" else d.invoke
+                if d is not o and d.complete < o.invoke and o.complete - earliest < min_idle:
                     out.append(_anomaly("groups", "claimed-before-min-idle", key=o.key, id=entry_id,
                                         idle_s=round(o.complete - d.invoke, 3), min_idle_s=min_idle))
     return out

@@ -371,6 +371,7 @@ class SdkConsumer(SdkWorker):
     def step(self):
         consumer = self.base
         self.interrupt()     # the session a failure ended, if any
+        opened = self.history.now()   # no delivery of this session happened before (nemesis_check)
         self.session = self.client.consume([STREAM], GROUP, consumer, max_unacked=50)
         deliveries = iter(self.session)
         while not self.stop_event.is_set():
@@ -379,7 +380,8 @@ class SdkConsumer(SdkWorker):
             def next_delivery():
                 holder.append(next(deliveries))
                 return [str(holder[0].id)]
-            outcome, _ = self.record("consume", STREAM, None, next_delivery, consumer=consumer)
+            outcome, _ = self.record("consume", STREAM, None, next_delivery, consumer=consumer,
+                                     session_opened=opened)
             if outcome != "ok":
                 return          # the session ended: a new one on the next step
             if self.rng.random() < 0.7:

@@ -200,3 +200,18 @@ def test_consume_replay_to_the_same_consumer_is_not_a_second_delivery():
     h.op("consume", "s", None, 0.6, 0.7, result=["1-0"], consumer="other")
     assert group_kinds(h, dict(streams={"s": [["1-0", "v1"]]}, pel={"s": [["1-0", "k", 2]]}, lists={})) == [
         "delivered-twice"]
+
+
+def test_a_consume_delivery_may_predate_its_op():
+    """Soak seed 301: a Consume session handed out an entry it had buffered (pushed, or
+    replayed after a reconnect) 1.3 s before a claim with min-idle 2 s; the server's
+    delivery was earlier than the op that yielded it, so this is no early claim. The same
+    timing through XREADGROUP (delivered after its invoke) is one."""
+    def history(f, **extra):
+        h = H().op("xadd", "s", "v1", 0.0, 0.1, result="1-0")
+        h.op(f, "s", None, 4.9, 4.9001, result=["1-0"], consumer="k", **extra)
+        h.op("xautoclaim", "s", None, 6.1, 6.2, result=["1-0"], consumer="c2", min_idle_ms=2000)
+        return h.final(streams={"s": [["1-0", "v1"]]}, pel={"s": [["1-0", "c2", 3]]}, lists={})
+    assert nc.check(history("consume", session_opened=1.0))["anomalies"]["groups"] == 0
+    kinds = [a["kind"] for a in nc.check(history("xreadgroup"))["details"]["groups"]]
+    assert kinds == ["claimed-before-min-idle"]
