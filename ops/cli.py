@@ -270,6 +270,9 @@ def rebalance(conn, dry_run, wait_s, as_json):
 main.add_command(compose_cli.compose)
 slots_cli.register(main, seed_options, _run)
 
+from .hanet_cli import hosts as _hosts, nemesis as _nemesis  # noqa: E402  (namespace harness, nemesis runs)
+main.add_command(_hosts)
+main.add_command(_nemesis)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -333,21 +333,27 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join("    " + line for line in text.splitlines()[-lines:]) or "    (log is empty)"
 
 
-def start_node(cluster: ClusterInfo, node: NodeInfo) -> subprocess.Popen:
-    """Start one node detached; its output is appended to node.log. Updates node.pid (not the file)."""
-    for addr in (node.grpc, node.resp):
+def start_node(cluster: ClusterInfo, node: NodeInfo, argv_prefix: Iterable[str] = (),
+               env: Optional[dict] = None) -> subprocess.Popen:
+    """Start one node detached; its output is appended to node.log. Updates node.pid (not the file).
+    argv_prefix wraps the node's command line (`ip netns exec NS`: the namespace harness,
+    whose nodes listen in their own namespaces, so the loopback port check does not apply);
+    env replaces the environment (libfaketime's variables)."""
+    argv_prefix = list(argv_prefix)
+    for addr in (node.grpc, node.resp) if not argv_prefix else ():
         port = int(addr.rsplit(":", 1)[1])
         if not port_is_free(port):
             raise LocalClusterError(f"node {node.id}: port {port} ({addr}) is in use by another process; "
                                     f"stop it, or remove {cluster.dir} and start a new cluster")
     Path(node.data_dir).mkdir(parents=True, exist_ok=True)
-    argv = node_argv(cluster, node)
+    argv = argv_prefix + node_argv(cluster, node)
     with open(node.log, "ab") as log:
         log.write(f"\n=== xraftctl {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}\n".encode())
         log.flush()
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=str(Path(node.data_dir).parent), start_new_session=True, close_fds=True)
+                                    cwd=str(Path(node.data_dir).parent), start_new_session=True, close_fds=True,
+                                    env=env)
         except OSError as e:
             raise LocalClusterError(f"node {node.id}: cannot run {argv[0]}: {e}")
     node.pid = proc.pid
@@ -440,7 +446,7 @@ def find_leader(cluster: ClusterInfo, timeout: float = 1.0) -> Optional[dict]:
 
 # -- up / down / kill -----------------------------------------------------------
 
-def _stop(cluster: ClusterInfo, nodes: list, timeout: float, progress: Progress) -> list:
+def stop_nodes(cluster: ClusterInfo, nodes: list, timeout: float, progress: Progress) -> list:
     """SIGTERM `nodes`, wait up to `timeout` for all of them, SIGKILL the rest. Returns the ids killed."""
     pending = []
     for node in nodes:
@@ -504,10 +510,10 @@ def up(dir_: str, nodes: int = 3, base_port: Optional[int] = None, fsync: Option
             progress(f"new cluster {cluster.cluster_id} in {cluster.dir}")
         started = []
         try:
-            _start_and_wait(cluster, to_start, started, timeout, progress, wait_leader)
+            start_and_wait(cluster, to_start, started, timeout, progress, wait_leader)
         except BaseException:
             # Leave nothing half-started behind (also on ^C): the operator retries from a clean state.
-            _stop(cluster, started, 5.0, progress)
+            stop_nodes(cluster, started, 5.0, progress)
             if len(started) == len(cluster.nodes):
                 cluster.state = "stopped"
             save(cluster)
@@ -517,12 +523,12 @@ def up(dir_: str, nodes: int = 3, base_port: Optional[int] = None, fsync: Option
         return cluster
 
 
-def _start_and_wait(cluster, to_start, started, timeout, progress, wait_leader):
+def start_and_wait(cluster, to_start, started, timeout, progress, wait_leader, start=start_node):
     offsets = {}
     procs = {}
     for node in to_start:
         offsets[node.id] = _log_size(node.log)
-        procs[node.id] = start_node(cluster, node)
+        procs[node.id] = start(cluster, node)
         started.append(node)
         progress(f"started node {node.id} (pid {node.pid}) grpc={node.grpc} resp={node.resp}")
     save(cluster)  # pids on disk now: a `down` from another shell can find them even while we wait
@@ -570,7 +576,7 @@ def down(dir_: str, timeout: float = 10.0, progress: Progress = lambda _msg: Non
         running = [n for n in cluster.nodes if is_alive(cluster, n)]
         if running:
             progress(f"stopping node(s) {', '.join(str(n.id) for n in running)}")
-        killed = _stop(cluster, running, timeout, progress)
+        killed = stop_nodes(cluster, running, timeout, progress)
         for node in cluster.nodes:
             node.pid = None
         cluster.state = "stopped"

@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.raft.linearizability import INFINITY, KV_MODEL, Op, check
+from xraft.ops.linearizability import INFINITY, KV_MODEL, Op, check
 
 
 def ok(ops):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from xraft.node.raft.types import Message, MessageType as MT, StateRole, link_violation
-from tests.raft import linearizability
+from xraft.ops import linearizability
 
 from .checker import SafetyChecker, SafetyViolation, log_term
 from .network import NetConfig, Network

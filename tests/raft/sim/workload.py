@@ -28,7 +28,7 @@ from xraft.node.raft.types import (
     ProposalDropped,
     ReadState,
 )
-from tests.raft.linearizability import INFINITY, Op
+from xraft.ops.linearizability import INFINITY, Op
 
 from .kv import encode_command
 

@@ -1,0 +1,252 @@
+"""Faults for a namespace cluster (ops/netns_hosts.py): network, processes, clocks, disks.
+
+Every fault is a method of `Faults(dir_)` that does one thing and returns a short
+description for the nemesis timeline; each kind has its heal. Only the root
+namespace's clients are never cut: the faults act inside the node namespaces.
+
+- partitions: nft drop rules on each node's input from the nodes it must not hear
+  (table `inet xraft_nemesis`); `heal_network` deletes the table in every namespace.
+  Shapes: random halves, the leader isolated, a majority ring (each node hears
+  itself and its two neighbours: a majority of 5, and no two nodes share their
+  majority), one way (a node hears nobody while everyone hears it).
+- netem: delay with jitter, loss, duplication, reordering on the node's eth0, when
+  the kernel has sch_netem. Without it (this kernel has none) loss alone falls back to
+  an nft rule dropping a random share of input (`numgen random`), and the others
+  raise FaultUnsupported.
+- processes: SIGKILL, SIGSTOP/SIGCONT, restart from disk.
+- clocks: the node's wall clock offset through libfaketime's offset file (skew),
+  and a strobe thread that flips it back and forth.
+- disks: fill the node's own filesystem (ENOSPC) with a ballast file; free it to heal.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import local_cluster as lc
+from . import netns_hosts as nh
+
+NFT_TABLE = "xraft_nemesis"
+BALLAST = ".nemesis-ballast"
+MAX_SKEW_S = 3600.0
+KILL_WAIT_S = 5.0
+
+
+class FaultUnsupported(nh.HostsError):
+    """This machine cannot inject the fault (a kernel module or tool is missing)."""
+
+
+class Faults:
+    def __init__(self, dir_: str, rng: Optional[random.Random] = None):
+        self.dir = dir_
+        self.hosts = nh.load_hosts(dir_)
+        self.rng = rng or random.Random()
+        self._strobe: Optional[threading.Thread] = None
+        self._strobe_stop = threading.Event()
+
+    # -- topology -------------------------------------------------------------------
+    @property
+    def ids(self) -> list:
+        return [h["id"] for h in self.hosts["nodes"]]
+
+    def _host(self, node_id: int) -> dict:
+        for h in self.hosts["nodes"]:
+            if h["id"] == node_id:
+                return h
+        raise nh.HostsError(f"no node {node_id}")
+
+    def leader(self) -> Optional[int]:
+        row = lc.leader_of(nh.status(self.dir, timeout=0.5))
+        return row["id"] if row else None
+
+    # -- partitions -------------------------------------------------------------------
+    def partition(self, grudge: dict) -> str:
+        """grudge: node id -> ids whose packets it drops. Replaces any earlier partition."""
+        self.heal_network()
+        for node_id, blocked in grudge.items():
+            if not blocked:
+                continue
+            ns = self._host(node_id)["netns"]
+            addrs = ", ".join(self._host(b)["address"] for b in sorted(blocked))
+            nh.sh("nft", "-f", "-", netns=ns, input_=(
+                f"table inet {NFT_TABLE} {{\n chain input {{ type filter hook input priority 0; policy accept;\n"
+                f"  ip saddr {{ {addrs} }} drop\n }}\n}}\n"))
+        return "; ".join(f"{n} drops {sorted(b)}" for n, b in sorted(grudge.items()) if b)
+
+    def complete_grudge(self, components: list) -> dict:
+        """Each node drops every node outside its own component."""
+        return {n: {m for m in self.ids if not any(n in c and m in c for c in components)} for n in self.ids}
+
+    def partition_halves(self) -> str:
+        ids = self.ids[:]
+        self.rng.shuffle(ids)
+        half = len(ids) // 2
+        return "halves " + self.partition(self.complete_grudge([set(ids[:half]), set(ids[half:])]))
+
+    def partition_leader(self) -> str:
+        leader = self.leader() or self.rng.choice(self.ids)
+        return f"isolate leader {leader}: " + self.partition(
+            self.complete_grudge([{leader}, set(self.ids) - {leader}]))
+
+    def partition_ring(self) -> str:
+        ids = self.ids[:]
+        self.rng.shuffle(ids)
+        n = len(ids)
+        grudge = {ids[i]: set(ids) - {ids[i], ids[(i - 1) % n], ids[(i + 1) % n]} for i in range(n)}
+        return "majority ring " + self.partition(grudge)
+
+    def partition_one_way(self) -> str:
+        victim = self.rng.choice(self.ids)
+        return f"one-way: {victim} hears nobody: " + self.partition({victim: set(self.ids) - {victim}})
+
+    def heal_network(self) -> str:
+        for h in self.hosts["nodes"]:
+            nh.sh("nft", "delete", "table", "inet", NFT_TABLE, netns=h["netns"], check=False)
+            nh.sh("tc", "qdisc", "del", "dev", "eth0", "root", netns=h["netns"], check=False)
+        return "network healed"
+
+    # -- netem ------------------------------------------------------------------------
+    def netem_supported(self) -> bool:
+        ns = self.hosts["nodes"][0]["netns"]
+        ok = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
+                             "delay", "0ms"], capture_output=True).returncode == 0
+        nh.sh("tc", "qdisc", "del", "dev", "eth0", "root", netns=ns, check=False)
+        return ok
+
+    def netem(self, node_id: int, delay_ms: int = 0, jitter_ms: int = 0, loss_pct: float = 0,
+              duplicate_pct: float = 0, reorder_pct: float = 0) -> str:
+        ns = self._host(node_id)["netns"]
+        if not self.netem_supported():
+            if delay_ms or duplicate_pct or reorder_pct:
+                raise FaultUnsupported("tc netem is not available (the kernel has no sch_netem): "
+                                       "delay, duplication and reordering cannot be injected here")
+            return self._nft_loss(node_id, ns, loss_pct)
+        args = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem"]
+        if delay_ms:
+            args += ["delay", f"{delay_ms}ms", f"{jitter_ms}ms"]
+        if loss_pct:
+            args += ["loss", f"{loss_pct}%"]
+        if duplicate_pct:
+            args += ["duplicate", f"{duplicate_pct}%"]
+        if reorder_pct:
+            args += ["reorder", f"{reorder_pct}%"] + ([] if delay_ms else ["delay", "5ms"])
+        nh.sh(*args, netns=ns)
+        return f"netem on {node_id}: {' '.join(args[6:])}"
+
+    def _nft_loss(self, node_id: int, ns: str, loss_pct: float) -> str:
+        share = max(0, min(100, int(loss_pct)))
+        nh.sh("nft", "-f", "-", netns=ns, input_=(
+            f"table inet {NFT_TABLE} {{\n chain loss {{ type filter hook input priority 1; policy accept;\n"
+            f"  ip saddr != {self.hosts['bridge_address']} numgen random mod 100 < {share} drop\n }}\n}}\n"))
+        return f"loss {share}% on {node_id} (nft numgen; no netem here)"
+
+    # -- processes --------------------------------------------------------------------
+    def signal(self, node_id: int, sig: signal.Signals) -> str:
+        cluster = lc.load(self.dir)
+        node = cluster.node(node_id)
+        if not lc.is_alive(cluster, node):
+            return f"node {node_id} not running"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node.pid, sig)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while sig == signal.SIGKILL and lc.is_alive(cluster, node) and time.monotonic() < deadline:
+            time.sleep(0.02)   # gone (and reaped) before anyone restarts it on its ports
+        return f"{sig.name} node {node_id}"
+
+    def kill(self, node_id: int) -> str:
+        return self.signal(node_id, signal.SIGKILL)
+
+    def pause(self, node_id: int) -> str:
+        return self.signal(node_id, signal.SIGSTOP)
+
+    def resume_all(self) -> str:
+        for node_id in self.ids:
+            self.signal(node_id, signal.SIGCONT)
+        return "SIGCONT all"
+
+    def restart_dead(self, timeout: float = 60.0) -> str:
+        cluster = lc.load(self.dir)
+        dead = [n.id for n in cluster.nodes if not lc.is_alive(cluster, n)]
+        if dead:
+            nh.restart(self.dir, dead, timeout)
+        return f"restarted {dead}" if dead else "all running"
+
+    # -- clocks -----------------------------------------------------------------------
+    def _clock_file(self, node_id: int) -> Path:
+        return Path(self.dir) / f"node-{node_id}" / "faketime"
+
+    def skew(self, node_id: int, seconds: float) -> str:
+        """Offset the node's wall clock by `seconds` (negative: backward), live."""
+        if nh.faketime_lib() is None:
+            raise FaultUnsupported("libfaketime is not installed (Debian package faketime)")
+        if abs(seconds) > MAX_SKEW_S:
+            raise ValueError(f"skew {seconds}s beyond ±{MAX_SKEW_S}s")
+        path = self._clock_file(node_id)
+        tmp = path.with_name("faketime.tmp")
+        tmp.write_text(f"{seconds:+.3f}s\n")
+        os.replace(tmp, path)    # libfaketime reads the whole file each call: never half of one
+        return f"clock of {node_id} {seconds:+.3f}s"
+
+    def strobe(self, node_id: int, delta_s: float, period_s: float) -> str:
+        """Flip the node's clock between +delta and -delta every period until heal_clocks."""
+        self.stop_strobe()
+        self._strobe_stop.clear()
+
+        def run():
+            sign = 1
+            while not self._strobe_stop.wait(period_s):
+                self.skew(node_id, sign * delta_s)
+                sign = -sign
+        self._strobe = threading.Thread(target=run, name="clock-strobe", daemon=True)
+        self._strobe.start()
+        return f"strobe clock of {node_id} ±{delta_s}s every {period_s}s"
+
+    def stop_strobe(self) -> None:
+        if self._strobe is not None:
+            self._strobe_stop.set()
+            self._strobe.join()
+            self._strobe = None
+
+    def heal_clocks(self) -> str:
+        self.stop_strobe()
+        for node_id in self.ids:
+            if self._clock_file(node_id).exists():
+                self.skew(node_id, 0.0)
+        return "clocks reset"
+
+    # -- disks ------------------------------------------------------------------------
+    def _mount(self, node_id: int) -> Path:
+        return Path(self.dir) / f"node-{node_id}" / "mnt"
+
+    def fill_disk(self, node_id: int) -> str:
+        """Take all free space on the node's filesystem: its next write gets ENOSPC."""
+        ballast = self._mount(node_id) / BALLAST
+        free = shutil.disk_usage(self._mount(node_id)).free
+        with open(ballast, "ab") as f:
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(f.fileno(), 0, free)
+        with contextlib.suppress(OSError), open(ballast.with_name(BALLAST + "2"), "ab") as f:
+            for _ in range(64 * 1024):    # the last blocks fallocate left (rounding), at most 256 MiB
+                f.write(b"\0" * 4096)
+                f.flush()
+        return f"disk of {node_id} full ({shutil.disk_usage(self._mount(node_id)).free} bytes free)"
+
+    def heal_disks(self) -> str:
+        for node_id in self.ids:
+            for name in (BALLAST, BALLAST + "2"):
+                with contextlib.suppress(FileNotFoundError):
+                    (self._mount(node_id) / name).unlink()
+        return "disks freed"
+
+    # -- everything -------------------------------------------------------------------
+    def heal_all(self, restart_timeout: float = 60.0) -> list:
+        return [self.heal_network(), self.heal_clocks(), self.heal_disks(), self.resume_all(),
+                self.restart_dead(restart_timeout)]

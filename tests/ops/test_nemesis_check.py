@@ -1,0 +1,217 @@
+"""The nemesis checkers on hand-made histories: a clean one passes, and each anomaly is found
+by its checker (and only counted there). No cluster, no root: these run everywhere."""
+import pytest
+
+from xraft.ops import nemesis_check as nc
+
+
+class H:
+    """Builds a history: op(...) adds an invocation and its completion at the given times."""
+
+    def __init__(self):
+        self.records = []
+        self.n = 0
+
+    def op(self, f, key, value, t0, t1, type_="ok", result=None, process="p", **extra):
+        self.n += 1
+        self.records.append({"op": self.n, "time": t0, "process": process, "type": "invoke", "f": f,
+                             "key": key, "value": value, **extra})
+        if type_ is not None:
+            self.records.append({"op": self.n, "time": t1, "process": process, "type": type_, "f": f,
+                                 "key": key, "value": value, "result": result})
+        return self
+
+    def final(self, **value):
+        base = {"streams": {}, "pel": {}, "lists": {}, "replicas": {"1": {"applied": 5, "state": "x"},
+                                                                    "2": {"applied": 5, "state": "x"}}}
+        base.update(value)
+        self.records.append({"op": None, "time": 99.0, "process": "final", "type": "ok", "f": "final",
+                             "value": base})
+        return self.records
+
+
+def clean():
+    h = H()
+    h.op("xadd", "s", "v1", 0.0, 0.1, result="1-0")
+    h.op("xadd", "s", "v2", 0.2, 0.3, result="2-0")
+    h.op("xadd", "s", "v3", 0.25, 0.5, type_="info")            # unknown: present or not
+    h.op("xreadgroup", "s", None, 0.4, 0.6, result=["1-0", "2-0"], consumer="c1")
+    h.op("xack", "s", ["1-0"], 0.7, 0.8, result=1)
+    h.op("xpending", "s", None, 0.9, 1.0, result=[["2-0", "c1", 1]])
+    h.op("xautoclaim", "s", None, 3.0, 3.1, result=["2-0"], consumer="c2", min_idle_ms=1000)
+    h.op("lpush", "l", "a", 0.0, 0.1, result=1)
+    h.op("lpush", "l", "b", 0.2, 0.3, result=2)
+    h.op("lpush", "l", "c", 0.2, 0.3, type_="fail")
+    h.op("blpop", "l", None, 0.4, 0.5, result="a")
+    h.op("reg-write", "r", "x1", 0.0, 0.1, result="1-0")
+    h.op("reg-read", "r", None, 0.2, 0.3, result="x1")
+    h.op("reg-write", "r", "x2", 0.4, 0.5, result="2-0")
+    h.op("reg-read", "r", None, 0.45, 0.55, result="x1")       # concurrent with x2: either is fine
+    return h
+
+
+CLEAN_FINAL = dict(streams={"s": [["1-0", "v1"], ["2-0", "v2"]]}, pel={"s": [["2-0", "c2", 2]]},
+                   lists={"l": ["b"]})
+
+
+def counts(history):
+    return nc.check(history)["anomalies"]
+
+
+def test_a_clean_history_has_no_anomaly():
+    result = nc.check(clean().final(**CLEAN_FINAL))
+    assert result["anomalies"] == {name: 0 for name in nc.CHECKERS}, result["details"]
+
+
+def test_summary_counts_and_unavailability():
+    h = clean()
+    h.op("xadd", "s", "late", 5.0, 5.1, result="3-0")   # 4.5 s without a successful write before it
+    s = nc.summary(h.final(**CLEAN_FINAL))
+    assert (s["ops"], s["ok"], s["fail"], s["info"]) == (16, 14, 1, 1)
+    assert [(round(a, 1), round(b, 1)) for a, b in s["unavailable"]] == [(0.5, 5.1)]
+
+
+@pytest.mark.parametrize("name,final,kind", [
+    ("lost", dict(CLEAN_FINAL, streams={"s": [["2-0", "v2"]]}), "lost"),
+    ("duplicated", dict(CLEAN_FINAL, streams={"s": [["1-0", "v1"], ["2-0", "v2"], ["3-0", "v1"]]}), "duplicated"),
+    ("info twice", dict(CLEAN_FINAL, streams={"s": [["1-0", "v1"], ["2-0", "v2"], ["3-0", "v3"], ["4-0", "v3"]]}),
+     "duplicated"),
+    ("invented", dict(CLEAN_FINAL, streams={"s": [["1-0", "v1"], ["2-0", "v2"], ["3-0", "nobody"]]}), "invented"),
+    ("wrong id", dict(CLEAN_FINAL, streams={"s": [["1-0", "v1"], ["2-5", "v2"]]}), "wrong-id"),
+])
+def test_streams_anomalies(name, final, kind):
+    details = nc.check(clean().final(**final))["details"]
+    assert kind in [a["kind"] for a in details["streams"]], details
+
+
+def test_failed_xadd_present_is_an_anomaly():
+    h = clean().op("xadd", "s", "v9", 1.0, 1.1, type_="fail")
+    final = dict(CLEAN_FINAL, streams={"s": [["1-0", "v1"], ["2-0", "v2"], ["9-0", "v9"]]})
+    assert [a["kind"] for a in nc.check(h.final(**final))["details"]["streams"]] == ["failed-but-present"]
+
+
+def test_ids_must_follow_real_time_order():
+    h = clean().op("xadd", "s", "v4", 1.0, 1.1, result="0-5")   # invoked after 2-0 was acked, smaller id
+    final = dict(CLEAN_FINAL, streams={"s": [["0-5", "v4"], ["1-0", "v1"], ["2-0", "v2"]]})
+    c = counts(h.final(**final))
+    assert c["id-order"] == 1 and c["streams"] == 0
+
+
+def test_concurrent_adds_may_take_ids_in_any_order():
+    h = H().op("xadd", "s", "a", 0.0, 1.0, result="2-0").op("xadd", "s", "b", 0.5, 1.5, result="1-0")
+    assert counts(h.final(streams={"s": [["1-0", "b"], ["2-0", "a"]]}))["id-order"] == 0
+
+
+def test_stale_read_is_not_linearizable():
+    h = clean().op("reg-read", "r", None, 0.6, 0.7, result="x1")   # x2 completed at 0.5
+    assert counts(h.final(**CLEAN_FINAL))["linearizable"] == 1
+
+
+def test_read_of_an_unknown_write_is_linearizable():
+    h = clean().op("reg-write", "r", "x3", 0.6, None, type_="info").op("reg-read", "r", None, 2.0, 2.1, result="x3")
+    assert counts(h.final(**CLEAN_FINAL))["linearizable"] == 0
+
+
+def test_linearizability_over_budget_is_a_note_not_an_anomaly():
+    result = nc.check(clean().final(**CLEAN_FINAL), lin_max_steps=1)
+    assert result["anomalies"]["linearizable"] == 0 and "not decided" in result["notes"][0]
+
+
+def group_kinds(h, final=CLEAN_FINAL):
+    return [a["kind"] for a in nc.check(h.final(**final))["details"].get("groups", [])]
+
+
+def test_new_delivery_twice_is_an_anomaly():
+    h = clean().op("xreadgroup", "s", None, 1.0, 1.1, result=["1-0"], consumer="c3")
+    assert group_kinds(h) == ["delivered-twice"]
+
+
+def test_pending_entry_never_delivered_to_its_owner():
+    final = dict(CLEAN_FINAL, pel={"s": [["2-0", "c9", 1]]})
+    assert group_kinds(clean(), final) == ["pending-never-delivered"]
+
+
+def test_pending_entry_of_a_consumer_with_an_unknown_read_is_fine():
+    h = clean().op("xreadgroup", "s", None, 1.0, None, type_="info", consumer="c9")
+    assert group_kinds(h, dict(CLEAN_FINAL, pel={"s": [["2-0", "c9", 1]]})) == []
+
+
+def test_ok_add_neither_acked_nor_pending():
+    final = dict(CLEAN_FINAL, pel={"s": []})
+    assert group_kinds(clean(), final) == ["neither-acked-nor-pending"]
+
+
+def test_delivery_count_shrinking():
+    h = clean().op("xpending", "s", None, 3.5, 3.6, result=[["2-0", "c2", 3]])
+    assert group_kinds(h) == ["delivery-count-shrank"]   # the final PEL says 2
+
+
+def test_claim_before_min_idle():
+    h = clean().op("xautoclaim", "s", None, 0.65, 0.7, result=["2-0"], consumer="c2", min_idle_ms=1000)
+    assert "claimed-before-min-idle" in group_kinds(h)
+
+
+def test_delivered_entry_that_does_not_exist():
+    h = clean().op("xreadgroup", "s", None, 1.0, 1.1, result=["7-0"], consumer="c1")
+    assert group_kinds(h) == ["delivered-unknown-entry"]
+
+
+@pytest.mark.parametrize("extra_ops,lists,kind", [
+    ([("blpop", "a", "ok")], {"l": ["b"]}, "popped-twice"),
+    ([], {"l": ["b", "a"]}, "popped-and-remaining"),
+    ([], {"l": ["b", "zz"]}, "invented"),
+    ([], {"l": ["b", "b"]}, "duplicated"),
+    ([], {"l": []}, "lost"),
+    ([], {"l": ["b", "c"]}, "failed-but-present"),
+])
+def test_list_anomalies(extra_ops, lists, kind):
+    h = clean()
+    for f, result, type_ in extra_ops:
+        h.op(f, "l", None, 2.0, 2.1, type_=type_, result=result)
+    kinds = [a["kind"] for a in nc.check(h.final(**dict(CLEAN_FINAL, lists=lists)))["details"]["lists"]]
+    assert kinds == [kind]
+
+
+def test_a_lost_push_is_excused_by_a_pop_of_unknown_outcome():
+    h = clean().op("blpop", "l", None, 2.0, None, type_="info")
+    assert counts(h.final(**dict(CLEAN_FINAL, lists={"l": []})))["lists"] == 0
+
+
+def test_replicas_differ_or_not_converged():
+    diff = {"1": {"applied": 5, "state": "x"}, "2": {"applied": 5, "state": "y"}}
+    assert counts(clean().final(**dict(CLEAN_FINAL, replicas=diff)))["replicas"] == 1
+    behind = {"1": {"applied": 5, "state": "x"}, "2": {"applied": None, "state": "unreadable: timeout"}}
+    details = nc.check(clean().final(**dict(CLEAN_FINAL, replicas=behind)))["details"]["replicas"]
+    assert details[0]["kind"] == "not-converged"
+
+
+def test_malformed_history_is_refused():
+    with pytest.raises(nc.HistoryError):
+        nc.pair([{"op": 1, "time": 0.0, "process": "p", "type": "ok", "f": "xadd"}])
+
+
+def test_consume_replay_to_the_same_consumer_is_not_a_second_delivery():
+    h = clean().op("consume", "s", None, 1.0, 1.1, result=["1-0"], consumer="c1")
+    assert group_kinds(h) == ["delivered-twice"]            # c1 had 1-0 from XREADGROUP >
+    h = H().op("xadd", "s", "v1", 0.0, 0.1, result="1-0")
+    h.op("consume", "s", None, 0.2, 0.3, result=["1-0"], consumer="k")
+    h.op("consume", "s", None, 0.4, 0.5, result=["1-0"], consumer="k")   # replayed after a failover
+    assert group_kinds(h, dict(streams={"s": [["1-0", "v1"]]}, pel={"s": [["1-0", "k", 2]]}, lists={})) == []
+    h.op("consume", "s", None, 0.6, 0.7, result=["1-0"], consumer="other")
+    assert group_kinds(h, dict(streams={"s": [["1-0", "v1"]]}, pel={"s": [["1-0", "k", 2]]}, lists={})) == [
+        "delivered-twice"]
+
+
+def test_a_consume_delivery_may_predate_its_op():
+    """Soak seed 301: a Consume session handed out an entry it had buffered (pushed, or
+    replayed after a reconnect) 1.3 s before a claim with min-idle 2 s; the server's
+    delivery was earlier than the op that yielded it, so this is no early claim. The same
+    timing through XREADGROUP (delivered after its invoke) is one."""
+    def history(f, **extra):
+        h = H().op("xadd", "s", "v1", 0.0, 0.1, result="1-0")
+        h.op(f, "s", None, 4.9, 4.9001, result=["1-0"], consumer="k", **extra)
+        h.op("xautoclaim", "s", None, 6.1, 6.2, result=["1-0"], consumer="c2", min_idle_ms=2000)
+        return h.final(streams={"s": [["1-0", "v1"]]}, pel={"s": [["1-0", "c2", 3]]}, lists={})
+    assert nc.check(history("consume", session_opened=1.0))["anomalies"]["groups"] == 0
+    kinds = [a["kind"] for a in nc.check(history("xreadgroup"))["details"]["groups"]]
+    assert kinds == ["claimed-before-min-idle"]

@@ -1,0 +1,158 @@
+"""The namespace harness (ops/netns_hosts.py) and its faults (ops/faults.py) on real
+namespaces and real nodes. Root only: skipped where `ip netns` cannot run."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from xraft.ops import cli
+from xraft.ops import faults as fl
+from xraft.ops import local_cluster as lc
+from xraft.ops import netns_hosts as nh
+from xraft.ops import nemesis_workload as wl
+
+WHY_NOT = nh.available()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"namespace harness: {WHY_NOT}")
+
+
+def netns_names() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def links() -> str:
+    return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+
+
+def assert_all_removed(hosts: dict) -> None:
+    prefix = hosts["prefix"]
+    assert prefix not in netns_names()
+    assert prefix not in links()
+    mounts = open("/proc/mounts").read()
+    assert hosts["dir"] not in mounts
+
+
+def wait_for(fn, what, limit=60.0):
+    # A liveness bound, not a timing assertion: the condition is what is checked.
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"never: {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("hosts"))
+    nh.up(d, nodes=3, disk_mb=32)
+    hosts = nh.load_hosts(d)
+    yield d
+    nh.down(d)
+    assert_all_removed(hosts)
+
+
+def leader_row(d):
+    return lc.leader_of(nh.status(d, timeout=0.5))
+
+
+def test_status_lists_each_node_in_its_namespace(cluster):
+    result = CliRunner().invoke(cli.main, ["hosts", "status", "--dir", cluster, "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["id"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert {"id", "netns", "address", "pid", "grpc", "resp", "role"} <= set(r)
+        assert r["netns"] in netns_names() and r["grpc"] == f"{r['address']}:{nh.GRPC_PORT}"
+        # The node's process lives in its namespace, not the root one.
+        assert os.readlink(f"/proc/{r['pid']}/ns/net") != os.readlink("/proc/self/ns/net")
+    assert len({r["address"] for r in rows}) == 3
+    assert wait_for(lambda: leader_row(cluster), "a leader")
+
+
+def test_isolated_leader_loses_leadership_and_heals(cluster):
+    f = fl.Faults(cluster)
+    old = wait_for(lambda: leader_row(cluster), "a leader")
+    f.partition(f.complete_grudge([{old["id"]}, set(f.ids) - {old["id"]}]))
+    try:
+        new = wait_for(lambda: (lambda r: r if r and r["id"] != old["id"] and r["term"] > old["term"] else None)(
+            leader_row(cluster)), "a new leader on the majority side")
+        assert new["id"] != old["id"]
+    finally:
+        f.heal_network()
+    client = wl.Resp([n.resp for n in lc.load(cluster).nodes], __import__("random").Random(1))
+    try:
+        wait_for(lambda: _try(lambda: client.call("XADD", "healed", "*", "f", "v")), "a write after healing")
+    finally:
+        client.close()
+
+
+def _try(fn):
+    try:
+        return fn() or True
+    except (wl.Failed, wl.Unknown):
+        return False
+
+
+def test_skewed_clock_reaches_the_node(cluster):
+    """libfaketime is preloaded and its offset file read live: the node's wall clock (INFO
+    server_time_usec) moves an hour ahead and back. (Its XADD stamps do not jump with it:
+    the node bounds wall-clock jumps by monotonic time and its peers' clocks, by design.)"""
+    f = fl.Faults(cluster)
+    node = lc.load(cluster).node(1)
+    r = lc.resp_client(node.resp, 5.0)
+    try:
+        f.skew(1, 3600)
+        ahead = r.info("server")["server_time_usec"] / 1e6 - time.time()
+        f.skew(1, -3600)
+        behind = r.info("server")["server_time_usec"] / 1e6 - time.time()
+    finally:
+        f.heal_clocks()
+        r.close()
+    assert ahead > 3000 and behind < -3000, (ahead, behind)
+
+
+def test_full_disk_is_enospc_for_that_node_only(cluster):
+    f = fl.Faults(cluster)
+    f.fill_disk(1)
+    try:
+        with pytest.raises(OSError) as e:
+            with open(os.path.join(cluster, "node-1", "mnt", "probe"), "wb") as out:
+                out.write(b"x" * 1024 * 1024)
+                out.flush()
+                os.fsync(out.fileno())
+        assert e.value.errno == 28   # ENOSPC
+        with open(os.path.join(cluster, "node-2", "mnt", "probe"), "wb") as out:
+            out.write(b"x")
+    finally:
+        f.heal_disks()
+        f.restart_dead()
+
+
+def test_kill_and_restart(cluster):
+    f = fl.Faults(cluster)
+    f.kill(2)
+    c = lc.load(cluster)
+    assert not lc.is_alive(c, c.node(2))
+    assert f.restart_dead() == "restarted [2]"
+    c = lc.load(cluster)
+    assert lc.is_alive(c, c.node(2))
+
+
+def test_down_removes_what_a_crashed_up_left(tmp_path):
+    """A harness that died half-way (network made, no nodes, a resource recorded but never
+    made) leaves hosts.json; down removes all of it."""
+    d = str(tmp_path)
+    hosts = {"version": nh.FORMAT_VERSION, "dir": d, "prefix": "xrcrash", "subnet": "10.254.254.0/24",
+             "bridge": "xrcrashbr", "bridge_address": "10.254.254.1", "resources": [], "nodes": []}
+    nh.save_hosts(d, hosts)
+    nh._make_network(d, hosts, 2, lambda _m: None)
+    nh._record(d, hosts, {"kind": "netns", "name": "xrcrash-never-made"})
+    assert "xrcrash-n1" in netns_names()
+    result = CliRunner().invoke(cli.main, ["hosts", "down", "--dir", d])
+    assert result.exit_code == 0, result.output
+    assert_all_removed(hosts)
+    assert nh.load_hosts(d)["resources"] == []
