@@ -262,6 +262,9 @@ def _xreadgroup(db, argv, now_ms, want_reply: bool):
             served = g.deliver_history(stream, consumer, start, args.count, now_ms, dead_letters.get(key))
             reply.append([key, [entry_reply(sid, fields) if fields is not None else [format_id(sid), NULL_ARRAY]
                                 for sid, fields in served]])
+    for target in dead_letters.values():    # after every key is served: the same key may come twice
+        if target is not None:
+            target.apply_source_retention()
     if served_any:
         return None
     if reply:
@@ -502,6 +505,8 @@ def xclaim(db, argv, now_ms):
         elif not justid:
             g.count_delivery(nack)
         out.append(format_id(sid) if justid else entry_reply(sid, fields))
+    if dead_letters is not None:
+        dead_letters.apply_source_retention()
     return out
 
 
@@ -573,6 +578,8 @@ def xautoclaim(db, argv, now_ms):
             count -= 1
         if cursor is None:
             break
+    if dead_letters is not None:
+        dead_letters.apply_source_retention()
     nxt = None if cursor is None else g.pel_next(group.pel, cursor)
     next_id = MIN_ID if nxt is None else nxt[0]
     return [format_id(next_id), claimed, deleted]

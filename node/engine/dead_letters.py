@@ -27,7 +27,13 @@ one log entry applies to one Raft group.
 Errors come before any change: a command that may dead-letter checks the
 dead-letter key's type first (`dead_letter_target`), and fails with WRONGTYPE
 when another type took it. The dead-letter stream is created on first use.
+
+A move acknowledges the entry in the source group like XACK does, so it also
+runs the source stream's ACKED retention (refs.py, XCFGSET RETENTION ACKED):
+each command calls `apply_source_retention()` once after its moves (not during
+them: the command may still be walking the stream or the PEL).
 """
+from .refs import apply_retention
 from .errors import WrongTypeError
 from .stream import Stream
 from .streamid import format_id
@@ -52,7 +58,7 @@ def over_limit(group, nack) -> bool:
 class DeadLetterTarget:
     """Where one command's dead letters of one group go (resolved before any change)."""
 
-    __slots__ = ("db", "key", "source_key", "group_name", "group")
+    __slots__ = ("db", "key", "source_key", "group_name", "group", "moved")
 
     def __init__(self, db, key: bytes, source_key: bytes, group_name: bytes, group):
         self.db = db
@@ -60,6 +66,7 @@ class DeadLetterTarget:
         self.source_key = source_key
         self.group_name = group_name
         self.group = group
+        self.moved = 0                  # dead letters this command moved (acks in the source group)
 
     def move(self, sid, nack, fields: list, now_ms: int, fallback_consumer: bytes) -> bool:
         """Append the dead letter of pending entry `sid` and acknowledge it in
@@ -83,7 +90,17 @@ class DeadLetterTarget:
         self.db.note_side_write(self.key)   # WATCH: a write to a key the command does not name
         _ack(self.group, sid, nack)
         self.group.dead_lettered += 1
+        self.moved += 1
         return True
+
+    def apply_source_retention(self) -> int:
+        """After the command's moves: the source stream's ACKED retention, as
+        after an XACK (nothing without a move or without the policy). Entries
+        deleted from the source stream."""
+        if not self.moved:
+            return 0
+        source = self.db.data.get(self.source_key)
+        return 0 if source is None else apply_retention(source)
 
 
 def _ack(group, sid, nack) -> None:

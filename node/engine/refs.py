@@ -14,7 +14,7 @@ The three policies, for an entry being deleted or trimmed:
              that has not read it yet could still deliver it)
 
 Retention (xraft, `XCFGSET key RETENTION ACKED`): after every XACK/XACKDEL on
-the stream, the entries at its head that every group acknowledged are deleted,
+the stream (and every command's dead-letter moves, dead_letters.py), the entries at its head that every group acknowledged are deleted,
 up to the first one some group still needs; so the stream keeps exactly what
 the slowest group has not acknowledged (and what no group has read yet), and a
 pending entry is never deleted. A stream without groups is never trimmed by it.

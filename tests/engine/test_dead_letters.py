@@ -156,3 +156,40 @@ def test_every_entry_ends_acked_or_dead_lettered_once(limit):
     dead = [d[0] for d in letters(db)]
     assert len(dead) == len(set(dead)) == 20
     assert group_of(db).dead_lettered == 20 and group_of(db).pel.numele == 0
+
+
+# -- a move is an ack: the source stream's ACKED retention runs after it -------------------
+
+_MOVE_FIRST_TWO = {     # max_deliveries=1, all 3 read once by c1: a command that moves 1-0 and 2-0
+    "xreadgroup": ("XREADGROUP", "GROUP", "g", "c1", "COUNT", "2", "STREAMS", S, "0"),
+    "xclaim": ("XCLAIM", S, "g", "c2", "0", "1-0", "2-0"),
+    "xautoclaim": ("XAUTOCLAIM", S, "g", "c2", "0", "0", "COUNT", "2"),
+}
+
+
+@pytest.mark.parametrize("path", sorted(_MOVE_FIRST_TWO))
+def test_dead_letter_move_runs_acked_retention(path):
+    db = setup(max_deliveries=1)
+    assert call(db, "XCFGSET", S, "RETENTION", "ACKED") == "OK"
+    call(db, "XREADGROUP", "GROUP", "g", "c1", "STREAMS", S, ">")
+    call(db, *_MOVE_FIRST_TWO[path])
+    assert [d[0] for d in letters(db)] == [b"1-0", b"2-0"]
+    # Both moved entries were acknowledged by the only group: trimmed; 3-0 is pending, kept.
+    assert [e[0] for e in call(db, "XRANGE", S, "-", "+")] == [b"3-0"]
+    assert call(db, "XPENDING", S, "g")[0] == 1
+    g.check_group(group_of(db))
+
+
+@pytest.mark.parametrize("path", sorted(_MOVE_FIRST_TWO))
+def test_dead_letter_move_keeps_what_another_group_or_no_policy_needs(path):
+    db = setup(max_deliveries=1)
+    call(db, "XGROUP", "CREATE", S, "slow", "0")                # has read nothing: needs all
+    assert call(db, "XCFGSET", S, "RETENTION", "ACKED") == "OK"
+    call(db, "XREADGROUP", "GROUP", "g", "c1", "STREAMS", S, ">")
+    call(db, *_MOVE_FIRST_TWO[path])
+    assert len(letters(db)) == 2 and len(call(db, "XRANGE", S, "-", "+")) == 3
+    # Without the retention policy a move deletes nothing either.
+    db = setup(max_deliveries=1)
+    call(db, "XREADGROUP", "GROUP", "g", "c1", "STREAMS", S, ">")
+    call(db, *_MOVE_FIRST_TWO[path])
+    assert len(letters(db)) == 2 and len(call(db, "XRANGE", S, "-", "+")) == 3
