@@ -21,6 +21,14 @@
                   crashed query's entries are delivered again to its successor, which
                   starts at offset 0-0 and so reads its whole PEL first.
 
+Poison entries (options maxDeliveries + deadLetterStream): prepare() sets the
+group's XRAFT.GROUPCFG policy when the query starts using a stream. The server
+counts a delivery for the driver's XREADGROUP > and for every task read of the
+batch (a history read); the read that would exceed maxDeliveries instead moves
+the entry to the dead-letter stream and acknowledges it, atomically, and leaves
+it out of the reply: a batch replayed too often loses those entries to the
+dead-letter stream instead of producing them again.
+
 A query killed before commit leaves its batch pending; restarted from its
 checkpoint it replays the batch from the PEL and acknowledges it then, so an
 entry may be processed twice (at least once), never lost. Entries deleted
@@ -61,9 +69,16 @@ def ensure_group(client, opts: ReadOptions, stream: str) -> None:
         pass
 
 
+def prepare(client, opts: ReadOptions, stream: str) -> None:
+    """The group exists on `stream`, with the query's dead-letter policy when it has one."""
+    ensure_group(client, opts, stream)
+    if opts.max_deliveries is not None:
+        client.xgroup_cfg(stream, opts.group, opts.max_deliveries, opts.dead_letter_key(stream))
+
+
 def initial(client, opts: ReadOptions, streams) -> dict:
+    """Claims the idle pending entries of the group's other consumers (groups prepared first)."""
     for s in streams:
-        ensure_group(client, opts, s)
         start = "0-0"
         while True:
             res = client.xautoclaim(s, opts.group, opts.consumer, opts.claim_min_idle_ms, start,
@@ -75,13 +90,12 @@ def initial(client, opts: ReadOptions, streams) -> dict:
 
 
 def latest(client, opts: ReadOptions, streams, begun: dict, budget) -> dict:
+    """The next offset (groups prepared first)."""
     total = budget if budget is not None else DEFAULT_GROUP_BATCH * len(streams)
     commit(client, opts, begun)        # the batches up to `start` are committed (module doc)
     out, spare = {}, 0
     for s, share in zip(streams, shares(total, len(streams))):
         lo = begun.get(s, ZERO)
-        if s not in begun:
-            ensure_group(client, opts, s)
         share += spare
         taken = []
         if share:
@@ -101,9 +115,18 @@ def pending_pages(client, opts: ReadOptions, part: GroupPartition):
                        part.stream)
         inside = [e for e in got if e.id <= part.hi]
         yield [e for e in inside if not e.deleted]
-        if len(inside) < len(got) or len(got) < opts.page:
+        if len(inside) < len(got):
             return
-        after = got[-1].id
+        after = got[-1].id if got else after
+        if len(got) < opts.page and not (opts.max_deliveries and _pending_after(client, opts, part, after)):
+            return                         # a short page ends the range, unless dead letters shortened it
+
+
+def _pending_after(client, opts: ReadOptions, part: GroupPartition, after: StreamID) -> bool:
+    """Whether the consumer still has entries pending in (after, hi]: entries dead-lettered
+    by a history read count against its COUNT but are left out of its reply (and acknowledged)."""
+    return bool(client.xpending_range(part.stream, opts.group, "(" + str(after), str(part.hi), count=1,
+                                      consumer=opts.consumer))
 
 
 def read_partition(opts: ReadOptions, part: GroupPartition):

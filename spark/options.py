@@ -17,6 +17,8 @@ DEFAULT_GROUP_BATCH = 10_000         # group mode: entries taken per stream and 
 DEFAULT_WRITE_CHUNK = 500            # sink: entries per atomic write (one MULTI)
 MAX_WRITE_CHUNK = 10_000
 MAX_STREAMS = 100_000                # streams one query may read (a pattern matching more is an error)
+MAX_DELIVERIES = (1 << 63) - 1       # XRAFT.GROUPCFG's MAXDELIVERIES range
+STREAM_PLACEHOLDER = "<stream>"      # in deadLetterStream: replaced by the source stream's name
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -134,6 +136,11 @@ class ReadOptions:
     group: str | None
     consumer: str | None
     claim_min_idle_ms: int
+    max_deliveries: int | None = None  # group mode: the group's XRAFT.GROUPCFG MAXDELIVERIES
+    dead_letter: str | None = None     # group mode: dead-letter stream (STREAM_PLACEHOLDER: per stream)
+
+    def dead_letter_key(self, stream: str) -> str:
+        return self.dead_letter.replace(STREAM_PLACEHOLDER, stream)
 
     @classmethod
     def parse(cls, options) -> "ReadOptions":
@@ -158,10 +165,20 @@ class ReadOptions:
         if (group is None) != (consumer is None):
             raise OptionError("consumer" if group else "group", "group and consumer go together")
         max_per_trigger = _int(options, "maxEntriesPerTrigger", None, 1, 1 << 40)
+        # The driver's XREADGROUP > counts one delivery and each task read of the batch one
+        # more, so fewer than 2 would dead-letter every entry before Spark processed it once.
+        max_deliveries = _int(options, "maxDeliveries", None, 2, MAX_DELIVERIES)
+        dead_letter = _get(options, "deadLetterStream")
+        if (max_deliveries is None) != (dead_letter is None):
+            raise OptionError("deadLetterStream" if max_deliveries else "maxDeliveries",
+                              "maxDeliveries and deadLetterStream go together")
+        if max_deliveries is not None and group is None:
+            raise OptionError("maxDeliveries", "needs consumer-group mode (options group and consumer)")
         return cls(conn, names, patterns, start, end, from_latest, flag(options, "binary", False),
                    _int(options, "pageSize", DEFAULT_PAGE, 1, MAX_PAGE),
                    _int(options, "entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION, 1, 1 << 40),
-                   max_per_trigger, group, consumer, _int(options, "claimMinIdleMs", 0, 0, 1 << 40))
+                   max_per_trigger, group, consumer, _int(options, "claimMinIdleMs", 0, 0, 1 << 40),
+                   max_deliveries, None if dead_letter is None else str(dead_letter))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The example pipeline (`./dev pipeline`): sensor readings -> windowed aggregates, exactly once,
 through a Spark job killed -9 and restarted from its checkpoint and a leader killed -9.
 
-    python -m xraft.spark.pipeline [--dir DIR] [--keep]        (what `./dev pipeline` runs)
+    python -m xraft.spark.pipeline [--dir DIR] [--keep] [--one-kill]   (what `./dev pipeline` runs)
 
 1. a local 3-node cluster with 3 Raft groups (xraft.ops.local_cluster);
 2. a producer XADDs readings {sensor, value} of four sensors to sensors:{eu} and
@@ -248,7 +248,7 @@ def wait_for(what: str, cond, job: Job, t0, timeout: float = WAIT_S):
 
 # -- the run -----------------------------------------------------------------------------------------
 
-def run(dir_: str) -> int:
+def run(dir_: str, leader_kill: bool = True) -> int:
     t0 = time.monotonic()
     say(t0, f"local cluster in {dir_}")
     cluster = lc.up(os.path.join(dir_, "cluster"), 3, groups=3, timeout=60)
@@ -268,13 +268,14 @@ def run(dir_: str) -> int:
         job.start()
         wait_for("the restarted job writes again", lambda: job.log_has("query xraft running")
                  and client.xlen(AGG) >= seen + 8, job, t0)
-        victim = next(n for n in cluster.nodes if n.grpc == client.leader_for("sensors:{eu}"))
-        lc.kill(os.path.join(dir_, "cluster"), victim.id, "KILL")
-        seen = client.xlen(AGG)
-        say(t0, f"killed -9 node {victim.id}, the leader of sensors:{{eu}}'s group")
-        wait_for("the job goes on through the failover", lambda: client.xlen(AGG) >= seen + 8, job, t0)
-        lc.up(os.path.join(dir_, "cluster"), 3, timeout=60)
-        say(t0, f"node {victim.id} restarted from disk")
+        if leader_kill:
+            victim = next(n for n in cluster.nodes if n.grpc == client.leader_for("sensors:{eu}"))
+            lc.kill(os.path.join(dir_, "cluster"), victim.id, "KILL")
+            seen = client.xlen(AGG)
+            say(t0, f"killed -9 node {victim.id}, the leader of sensors:{{eu}}'s group")
+            wait_for("the job goes on through the failover", lambda: client.xlen(AGG) >= seen + 8, job, t0)
+            lc.up(os.path.join(dir_, "cluster"), 3, timeout=60)
+            say(t0, f"node {victim.id} restarted from disk")
         producer.stop_event.set()
         producer.join(60)
         time.sleep((DELAY_MS + 2 * WINDOW_MS) / 1000)
@@ -307,6 +308,8 @@ def main(argv=None) -> int:
     p.add_argument("mode", nargs="?", default="run", choices=("run", "job"))
     p.add_argument("--dir", help="work directory (default: a new temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--one-kill", action="store_true",
+                   help="only the Spark job's kill -9 and restart, no leader kill (the shorter run)")
     p.add_argument("--seeds", help="job mode: the cluster's gRPC addresses")
     p.add_argument("--work", help="job mode: the work directory")
     args = p.parse_args(argv)
@@ -315,7 +318,7 @@ def main(argv=None) -> int:
         return 0
     dir_ = args.dir or tempfile.mkdtemp(prefix="xraft-pipeline-")
     try:
-        return run(dir_)
+        return run(dir_, leader_kill=not args.one_kill)
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(dir_, ignore_errors=True)

@@ -10,6 +10,8 @@ Options (names are case-insensitive, as everywhere in Spark):
                 "latest"), binary (fields as map<binary,binary>), pageSize,
                 entriesPerPartition (batch), maxEntriesPerTrigger (streaming),
                 group + consumer (streaming consumer-group mode), claimMinIdleMs
+                maxDeliveries + deadLetterStream (group mode: the group's XRAFT.GROUPCFG
+                dead-letter policy; "<stream>" in the key is the source stream's name)
   writing       stream (required), fields (columns to write; default all), chunkSize
                 (entries per atomic write), maxlen (XADD MAXLEN ~), password (the nodes'
                 RESP --requirepass: the sink's transactions go over RESP)

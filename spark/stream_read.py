@@ -32,6 +32,7 @@ class StreamReader(DataSourceStreamReader):
     def __init__(self, opts: ReadOptions):
         self.opts = opts
         self._client = None                # the driver's client, made on first use
+        self._prepared = set()             # group mode: streams whose group and policy are set
 
     @property
     def client(self):
@@ -41,6 +42,13 @@ class StreamReader(DataSourceStreamReader):
 
     def _streams(self) -> list:
         return cluster.resolve_streams(self.client, self.opts.names, self.opts.patterns)
+
+    def _prepare_groups(self, streams) -> None:
+        """Group mode: create the group and set its dead-letter policy once per stream and query."""
+        for s in streams:
+            if s not in self._prepared:
+                group_read.prepare(self.client, self.opts, s)
+                self._prepared.add(s)
 
     def _new_stream_start(self) -> StreamID:
         """The offset of a stream seen for the first time after the first batch: all of it
@@ -52,6 +60,7 @@ class StreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict:
         streams = self._streams()
         if self.opts.group is not None:
+            self._prepare_groups(streams)
             return to_offset(group_read.initial(self.client, self.opts, streams))
         ids = {}
         for s in streams:
@@ -73,6 +82,7 @@ class StreamReader(DataSourceStreamReader):
             return to_offset(begun)
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if self.opts.group is not None:
+            self._prepare_groups(streams)
             return to_offset(group_read.latest(self.client, self.opts, streams, begun, budget))
         out = {}
         spare = 0
@@ -92,6 +102,8 @@ class StreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict):
         begun, upto = from_offset(start), from_offset(end)
+        if self.opts.group is not None:
+            self._prepare_groups(sorted(upto))  # a batch replayed after a restart is planned here first
         parts = []
         for s in sorted(upto):
             lo = begun.get(s, self._new_stream_start())

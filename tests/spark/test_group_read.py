@@ -19,10 +19,12 @@ def crashing(df, batch_id):
     raise Crash("the sink fails before the batch commits")
 
 
-def run(spark, cluster, ckpt, sink, consumer, pattern, expect_failure=False):
-    q = (spark.readStream.format("xraft").option("seeds", seeds(cluster)).option("streams", pattern)
-         .option("group", "g").option("consumer", consumer).option("maxEntriesPerTrigger", "80").load()
-         .writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
+def run(spark, cluster, ckpt, sink, consumer, pattern, expect_failure=False, per_trigger="80", **options):
+    r = (spark.readStream.format("xraft").option("seeds", seeds(cluster)).option("streams", pattern)
+         .option("group", "g").option("consumer", consumer).option("maxEntriesPerTrigger", per_trigger))
+    for k, v in options.items():
+        r = r.option(k, v)
+    q = (r.load().writeStream.foreachBatch(sink).option("checkpointLocation", ckpt)
          .trigger(processingTime="100 milliseconds").start())
     if expect_failure:
         with pytest.raises(Exception, match="Crash"):
@@ -84,3 +86,58 @@ def test_crashed_run_redelivers_from_checkpoint_and_to_a_new_consumer(spark, xcl
         assert got2 == everything(c, streams)[100:]     # c1's 50 pending entries, claimed by c2
     finally:
         c.close()
+
+
+class RecordThenCrash(Recorder):
+    """Keeps the batch's rows (a sink that wrote part of them), then fails before the commit."""
+
+    def __call__(self, df, batch_id):
+        super().__call__(df, batch_id)
+        raise Crash("the sink fails after writing the batch")
+
+
+def test_poison_entries_go_to_the_dead_letter_stream(spark, xcluster, tmp_path):
+    """maxDeliveries 3: the driver's delivery and one task read per execution of a batch count.
+    After a crashed batch (2 deliveries) five of its entries are read once more by hand (3), so
+    the replay dead-letters exactly those five (a 4th delivery) and reads the rest again."""
+    c = sdk(xcluster)
+    stream, dead = "{dl}:1", "{dl}:1:dead"
+    policy = dict(maxDeliveries="3", deadLetterStream="<stream>:dead", pageSize="5")
+    try:
+        ids = [str(i) for i in c.xadd_batch(stream, [{"i": str(i)} for i in range(30)])]
+        first = RecordThenCrash()
+        ckpt = str(tmp_path / "ckpt")
+        run(spark, xcluster, ckpt, first, "c1", stream, expect_failure=True, per_trigger="20", **policy)
+        assert [rows for _, rows in first.runs] == [sorted((stream, i) for i in ids[:20])]
+        poison = ids[5:10]
+        got = c.xreadgroup("g", "c1", {stream: ids[4]}, count=5)          # their 3rd delivery
+        assert [str(e.id) for e in got.get(stream.encode(), got.get(stream))] == poison
+
+        rec = Recorder()
+        q = run(spark, xcluster, ckpt, rec, "c1", stream, per_trigger="20", **policy)
+        wait_until(lambda: pending(c, [stream]) == 0, 60, "every entry acknowledged or dead-lettered")
+        q.stop()
+        replayed = [r for _, rows in rec.runs for r in rows]
+        # The replay skips the dead letters (a 5-entry page of them, then the read goes on).
+        assert sorted(replayed) == sorted((stream, i) for i in ids if i not in poison)
+        output = [r for _, rows in first.runs + rec.runs for r in rows]
+        assert all(output.count((stream, i)) == 1 for i in poison)        # never produced again
+        letters = list(c.dead_letters(dead))
+        assert [str(d.source_id) for d in letters] == poison
+        assert {(d.stream, d.group, d.consumer, d.deliveries) for d in letters} == {(stream.encode(), b"g", b"c1", 3)}
+        assert [str(e.id) for e in c.xrange(stream)] == ids                 # the source keeps them
+    finally:
+        c.close()
+
+
+def test_dead_letter_options_go_together():
+    from xraft.spark.options import OptionError, ReadOptions
+    base = {"seeds": "h:1", "streams": "{s}", "group": "g", "consumer": "c"}
+    opts = ReadOptions.parse({**base, "maxDeliveries": "4", "deadLetterStream": "<stream>:dead"})
+    assert opts.max_deliveries == 4 and opts.dead_letter_key("{s}") == "{s}:dead"
+    with pytest.raises(OptionError, match="go together"):
+        ReadOptions.parse({**base, "maxDeliveries": "4"})
+    with pytest.raises(OptionError, match="outside 2"):
+        ReadOptions.parse({**base, "maxDeliveries": "1", "deadLetterStream": "d"})
+    with pytest.raises(OptionError, match="consumer-group mode"):
+        ReadOptions.parse({"seeds": "h:1", "streams": "{s}", "maxDeliveries": "4", "deadLetterStream": "d"})
