@@ -35,9 +35,7 @@ from typing import Optional
 
 from ..engine.commands import lookup
 from ..engine.errors import EngineError
-from ..fsm.blocking import is_blocking_form
 from ..fsm.errors import EntryTooLarge
-from ..fsm.entry import request_size
 from ..fsm.resolve import resolve_command
 from .backend import BackendError
 from .cluster_cmds import command_keys
@@ -48,6 +46,7 @@ from .routing import CrossSlot, common_slot, redirect_slot
 MAX_BATCH_COMMANDS = 1024        # commands in one submission (entry.MAX_REQUESTS is far above)
 MAX_BATCH_BYTES = 1 << 20        # request bytes in one submission (a record may hold 8 MB by default)
 _SERVER_COMMANDS = frozenset(name.encode() for name in SERVER_COMMANDS)
+_REQUEST_HEAD = 32               # a request's header and argc in a record, rounded up
 
 
 @dataclass(slots=True)
@@ -55,7 +54,7 @@ class PlainWrite:
     name: bytes                   # the command's name, lower case (CLIENT LIST cmd=, request stats)
     request: object               # fsm.entry.Request, resolved
     group: int                    # the Raft group the slot belongs to (Backend.group_of_slot)
-    size: int                     # its bytes in a record
+    size: int                     # about its bytes in a record
 
 
 def plain_write(client, argv) -> Optional[PlainWrite]:
@@ -67,16 +66,19 @@ def plain_write(client, argv) -> Optional[PlainWrite]:
         return None
     try:
         spec = lookup(argv)
-        if not spec.is_write or is_blocking_form(argv):
+        if not spec.is_write:
             return None
         slot = common_slot(command_keys(spec, argv))
         backend = client.server.backend
         if slot is None or redirect_slot(backend, slot) is not None:
             return None
         resolved = resolve_command(0, 0, argv)
-        if resolved.plan is not None:
+        if resolved.plan is not None:     # a blocking form: parks (resp_server's path)
             return None
-        return PlainWrite(name, resolved.request, backend.group_of_slot(slot), request_size(resolved.request))
+        # About its bytes in a record (entry.request_size's layout: 4 per length): only the
+        # batch's bound needs it, and a batch that does not fit anyway falls back (run_writes).
+        size = _REQUEST_HEAD + 4 * len(argv) + sum(map(len, argv))
+        return PlainWrite(name, resolved.request, backend.group_of_slot(slot), size)
     except (EngineError, CrossSlot):
         return None                      # the ordinary path replies with the error
 

@@ -1,7 +1,10 @@
-"""A pipeline over a sharded node (ShardedBackend in process, test_sharded_backend.Node:
-groups 1 and 3 here, group 2 elsewhere): plain writes batch per group only, a key of a
-group this node does not host answers -MOVED in its place, and the replies keep the
-pipeline's order."""
+"""Pipelines over in-process Raft backends (resp_pipeline.py's batches):
+
+* a sharded node (ShardedBackend, test_sharded_backend.Node: groups 1 and 3 here, group 2
+  elsewhere): plain writes batch per group only, a key of a group this node does not host
+  answers -MOVED in its place, and the replies keep the pipeline's order;
+* a RaftBackend whose proposals are capped below a batch's size: the batch falls back to
+  one submission per command."""
 import asyncio
 
 from tests.server.test_sharded_backend import ADDRESSES, Node, key_in, run  # noqa: F401 - run is a fixture
@@ -49,4 +52,29 @@ def test_pipeline_batches_per_group_and_redirects_per_command(tmp_path, run):
         finally:
             await server.close()
             await node.close()
+    run(main())
+
+
+def test_a_batch_over_the_proposal_limit_runs_command_by_command(tmp_path, run):
+    """max_proposal_bytes 64 KiB: 20 pipelined XADDs of 10 KiB fit one by one but not
+    together; the batch is refused (nothing proposed) and sent again command by command:
+    all apply, in order, and the one XADD over the limit alone gets the limit's error."""
+    from tests.server.test_raft_backend import Cluster
+
+    async def main():
+        c = await Cluster(tmp_path, max_proposal_bytes=64 << 10).start()
+        try:
+            leader = await c.writable_leader()
+            server = await RespServer(leader, "127.0.0.1", 0).start()
+            try:
+                cmds = [[b"XADD", b"s", b"%d-1" % i, b"f", b"x" * (10 << 10)] for i in range(1, 21)]
+                cmds.insert(10, [b"XADD", b"s", b"99-1", b"f", b"x" * (100 << 10)])
+                replies = await _pipeline(server.port, cmds + [[b"XLEN", b"s"]], len(cmds) + 1)
+                assert replies[:10] + replies[11:-1] == [b"%d-1" % i for i in range(1, 21)]
+                assert "max_proposal_bytes %d" % (64 << 10) in replies[10].message
+                assert replies[-1] == 20
+            finally:
+                await server.close()
+        finally:
+            await c.close()
     run(main())
