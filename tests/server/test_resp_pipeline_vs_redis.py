@@ -15,16 +15,17 @@ unknown-subcommand error, where redis goes quiet), pipelined or not.
 """
 import re
 import socket
-import tempfile
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.cluster.conftest import Cluster
-from tests.server.test_cluster_routing_vs_redis import start_cluster_redis
+# Module-scoped fixtures, one of each per module that imports them: a cluster-enabled redis,
+# a RespServer over the local backend, a real one-node xraft process.
+from tests.server.test_blocking_vs_redis import local_port, node_port  # noqa: F401
+from tests.server.test_cluster_routing_vs_redis import cluster_redis  # noqa: F401
 from tests.server.test_resp_encode import ReplyReader
-from tests.server.test_resp_server import ServerThread, raw_exchange
+from tests.server.test_resp_server import raw_exchange
 from tests.server.test_resp_vs_redis import _complete, exchange
 from xraft.node.server.resp import encode_command
 
@@ -104,37 +105,6 @@ def flush(port: int) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(cmds("FLUSHALL"))
         assert s.recv(64) == b"+OK\r\n"
-
-
-@pytest.fixture(scope="module")
-def cluster_redis(tmp_path_factory):
-    oracle = start_cluster_redis(str(tmp_path_factory.mktemp("pipeline-redis")))
-    yield oracle
-    oracle.close()
-
-
-@pytest.fixture(scope="module")
-def local_server():
-    s = ServerThread()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def local_port(local_server):
-    return local_server.port
-
-
-@pytest.fixture(scope="module")
-def node_port():
-    """A real xraft process (one voter): the pipeline through Raft and the RaftBackend."""
-    cluster = Cluster(tempfile.mkdtemp(prefix="xraft-pipeline-vs-redis-"), 1)
-    try:
-        cluster.start()
-        cluster.wait_leader()
-        yield cluster.nodes[1].resp_port
-    finally:
-        cluster.kill_all()
 
 
 def assert_pipeline_like_redis(redis_port: int, port: int, data: bytes) -> None:
