@@ -48,7 +48,8 @@ CASES = {
                              "XREVRANGE %s + - COUNT 2" % S),
     "errors in the middle": cmds(
         "XADD %s 1-1 f v" % S, "XADD %s 1-1 f v" % S, "XADD " + S, "NOSUCH x", "SET {t}k x",
-        "XADD {t}k 1-1 f v", "XADD %s 2-1 f v" % S, "RPUSH {t}k x", "RPUSH {t}n x", "RPUSH {t}n x", "XADD %s 0-0 f v" % S,
+        "XADD {t}k 1-1 f v", "XADD %s 2-1 f v" % S, "RPUSH {t}k x", "RPUSH {t}n x", "RPUSH {t}n x",
+        "XADD %s 0-0 f v" % S,
         "XADD %s NOMKSTREAM 9-1 f" % S, "XADD {t}none NOMKSTREAM 1-1 f v", "XLEN " + S, "LRANGE {t}n 0 -1",
         "XADD %s 3-1 f v" % S),
     "crossslot in the middle": cmds(
@@ -70,7 +71,8 @@ CASES = {
         "XADD %s 4-1 f v" % S, "XREADGROUP GROUP g c BLOCK 0 STREAMS %s >" % S, "XACK %s g 1-1 2-1" % S,
         "XPENDING %s g" % S, "XLEN " + S),
     "other writes between xadds": cmds(
-        "XADD {t}a 1-1 f v", "XADD {t}b 1-1 f v", "SET {t}c 1", "RPUSH {t}c x", "XADD {t}a 2-1 f v", "GET {t}c", "SET {t}c 2",
+        "XADD {t}a 1-1 f v", "XADD {t}b 1-1 f v", "SET {t}c 1", "RPUSH {t}c x", "XADD {t}a 2-1 f v", "GET {t}c",
+        "SET {t}c 2",
         "RPUSH {t}l x y", "XADD {t}b 2-1 f v", "DEL {t}a", "XLEN {t}a", "XLEN {t}b", "LPOP {t}l",
         "XTRIM {t}b MAXLEN 1", "XLEN {t}b", "PING", "ECHO hi", "XADD {t}a 3-1 f v"),
     "quit in the middle": cmds("XADD %s 1-1 f v" % S, "XADD %s 2-1 f v" % S, "QUIT", "XADD %s 3-1 f v" % S),
