@@ -35,7 +35,9 @@ entries are `sensor-id 1234 temperature 19.8` everywhere):
    left pending, else the run fails). Again with max_batch=1000 through a
    second group over the same entries;
 5. `redis-benchmark -n N -c 50 -P 16 XADD bench * f v` against the leader's
-   RESP port and against the redis primary;
+   RESP port and against the redis primary (with its 2 replicas):
+   `resp_pipelined_xadd_per_s` beside `redis_replicas_pipelined_xadd_per_s`
+   (bench/resp_pipeline.py runs this phase alone, with --profile);
 6. failover: a sequential SDK writer runs; the leader gets SIGKILL; the
    figure is the time from the kill to the first write acknowledged by the new
    leader (the SDK client is built with backoff_max=0.1 s so its retry back-off
@@ -50,7 +52,9 @@ entries are `sensor-id 1234 temperature 19.8` everywhere):
    streams, read by ONE SDK consume() over all six (one Consume per slot,
    merged; crossshard.py) acking each stream's ids 100 at a time:
    `crossshard_consume_entries_per_s`, printed beside phase 4's single-stream
-   Consume figure (target >= 1x).
+   Consume figure (target >= 1x). Also phase 5 with `redis-benchmark --cluster`
+   (`XADD bench{tag}`: each connection to a slot its node serves):
+   `sharded_resp_pipelined_xadd_per_s`.
 8. slot move, on the same sharded cluster (bench/slot_move.py): a slot holding a stream of
    100k entries (--quick 5k) with a group of 10k (1k) pending entries moves to another group
    while probes write to it and to another group: slot_move_s, slot_move_write_wait_ms
@@ -85,7 +89,9 @@ from xraft.client.errors import XRaftError
 from xraft.client.slots import key_slot
 from xraft.ops import local_cluster as lc
 
+import resp_pipeline  # noqa: E402 - bench/resp_pipeline.py, beside this file
 import slot_move  # noqa: E402 - bench/slot_move.py, beside this file
+from resp_pipeline import redis_benchmark  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIELDS = {b"sensor-id": b"1234", b"temperature": b"19.8"}
@@ -97,7 +103,6 @@ FAILOVER_LIMIT_S = 20.0        # no ack this long after the kill: the run fails 
 CATCH_UP_LIMIT_S = 30.0
 CONSUME_STALL_S = 10.0         # a Consume session with no progress this long is reported as stalled
 REDIS_START_LIMIT_S = 20.0
-BENCH_TIMEOUT_S = 180.0        # per redis-benchmark run: a stuck server fails that figure, not the run
 SHARDED_GROUPS = 6             # the sharded phase's cluster: 3 nodes, 2 groups led by each
 BALANCE_LIMIT_S = 60.0         # for its leaders to reach their preferred nodes
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -203,21 +208,6 @@ async def timed(op, concurrency: int, seconds: float, latencies: list | None = N
 
     await asyncio.gather(*(loop() for _ in range(concurrency)))
     return done / seconds
-
-
-def redis_benchmark(port: int, n: int) -> dict:
-    """redis-benchmark's XADD run against `port`: {"rps", "p50_ms", "p99_ms"} or {"error"}."""
-    argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-n", str(n), "-c", "50", "-P", "16",
-            "--csv", "XADD", "bench", "*", "f", "v"]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"error": f"redis-benchmark did not finish {n} requests in {BENCH_TIMEOUT_S:g} s"}
-    for line in out.stdout.splitlines():
-        cells = [c.strip('"') for c in line.split('","')]
-        if cells and cells[0].startswith("XADD"):
-            return {"rps": float(cells[1]), "p50_ms": float(cells[4]), "p99_ms": float(cells[6])}
-    return {"error": f"redis-benchmark exit {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}"}
 
 
 # ----------------------------------------------------------------------------- gRPC floor
@@ -592,6 +582,13 @@ def sharded_batch(args, tmp: str, out: dict) -> None:
         out["sharded_vs_one_group"] = rate / one if one else 0.0
         print(f"SDK xadd_batch(100) x {BATCH_CONCURRENCY} over {len(keys)} groups: {rate:,.0f} entries/s = "
               f"{out['sharded_vs_one_group']:.2f}x one group ({one:,.0f}; target >= 1.5x)   [{m.line()}]")
+        with CpuMeter(pids) as m:
+            xb = redis_benchmark(int(cluster.nodes[0].resp.rsplit(":", 1)[1]), 2_000 if args.quick else 20_000,
+                                 cluster=True)
+        out["sharded_resp_pipelined_xadd_per_s"] = xb.get("rps")
+        print(f"redis-benchmark --cluster XADD -c 50 -P 16 over {SHARDED_GROUPS} groups: {xb} (one group: "
+              f"{out.get('resp_pipelined_xadd_per_s')}; redis+2 replicas: "
+              f"{out.get('redis_replicas_pipelined_xadd_per_s')})   [{m.line()}]")
         n_per_key = (5_000 if args.quick else 100_000) // len(keys)
         t = time.perf_counter()
         uvloop.run(_preload_all(seeds, keys, n_per_key))
@@ -717,7 +714,7 @@ def run(args, tmp: str, out: dict) -> None:
         out.update(redis_wait1_p50_ms=p50, redis_wait1_p99_ms=p99, redis_wait1_single_per_s=rate)
         print(f"redis XADD+WAIT single: p50 {p50:.3f} ms p99 {p99:.3f} ms ({rate:,.0f}/s)")
         rb = redis_benchmark(port, bench_n_redis)
-        out["redis_benchmark_xadd_per_s"] = rb.get("rps")
+        out["redis_benchmark_xadd_per_s"] = out["redis_replicas_pipelined_xadd_per_s"] = rb.get("rps")
         print(f"redis-benchmark XADD -c 50 -P 16 on the primary: {rb}")
 
     # -- xraft: 3 real nodes, fsync always.
@@ -783,7 +780,8 @@ def run(args, tmp: str, out: dict) -> None:
         leader = wait_leader(cluster)
         with CpuMeter(pids, leader_resp) as m:
             xb = redis_benchmark(int(leader["resp"].rsplit(":", 1)[1]), bench_n_xraft)
-        out["resp_benchmark_xadd_per_s"] = xb.get("rps")
+        out["resp_benchmark_xadd_per_s"] = out["resp_pipelined_xadd_per_s"] = xb.get("rps")
+        resp_pipeline.record(out)             # resp_pipelined_vs_redis_replicas (issue 14: >= 0.2)
         print(f"redis-benchmark XADD -c 50 -P 16 on the xraft leader's RESP port: {xb} "
               f"(redis primary: {out['redis_benchmark_xadd_per_s']})   [{m.line()}]")
 

@@ -55,6 +55,7 @@ Snapshot layout (big-endian):
 import dataclasses
 import struct
 import zlib
+from typing import Optional
 
 from ..engine.cmd_groups import xreadgroup, xreadgroup_unobserved, xreadgroup_woken, xreadgroup_woken_unobserved
 from ..engine.commands import lookup
@@ -67,7 +68,7 @@ from ..invariant import invariant
 from ..raft.types import EntryType
 from .blocking import is_blocking_form, may_run_again, reply_in_multi
 from .config_set import apply_config_set
-from .entry import MAX_NOW_MS, Kind, decode_record
+from .entry import MAX_NOW_MS, Kind, Record, decode_record
 from .errors import BlockingFormInLog, CorruptSnapshot, ExecAbort, NotARead
 from .resolve import is_config_set, queue_check
 from .sessions import MAGIC as SESSIONS_MAGIC
@@ -121,7 +122,8 @@ class StateMachine:
 
     # -- apply -------------------------------------------------------------------
 
-    def apply(self, entry_index: int, data: bytes, want_results: bool = True) -> list:
+    def apply(self, entry_index: int, data: bytes, want_results: bool = True,
+              record: Optional[Record] = None) -> list:
         """Apply the record at `entry_index`; one result per request of the record.
 
         `data == b""` is Raft's own empty entry (a new leader's first entry):
@@ -132,13 +134,19 @@ class StateMachine:
         follower, or a leader applying an entry it did not propose). The state
         changes are exactly the same; only the results of anonymous requests
         (client_id 0) may then be left unbuilt (None): a request with a
-        client_id records its result in the sessions, on every replica alike."""
+        client_id records its result in the sessions, on every replica alike.
+
+        `record`: `data` already decoded, when the caller built `data` from it
+        (the leader applying its own proposal): it must be what
+        decode_record(data) returns, type for type (tests/fsm/test_leader_record.py),
+        so the state is the same bytes as a follower's that decodes."""
         invariant(entry_index == self.applied_index + 1,
                   "apply index %d after %d" % (entry_index, self.applied_index))
         if not data:
             self.skip(entry_index)
             return []
-        record = decode_record(data)              # raises before anything changes
+        if record is None:
+            record = decode_record(data)          # raises before anything changes
         self.keyspace.pop_ready_keys()            # leftovers are not this entry's
         now = max(record.now_ms, self.last_now_ms)
         self.sessions.expire(now)                 # by replicated time, before this record's requests

@@ -117,11 +117,16 @@ def _monotonic_ms() -> int:
 
 
 class _Proposal:
-    __slots__ = ("data", "cc", "fut", "state", "term", "index", "timer")
+    __slots__ = ("data", "cc", "fut", "state", "term", "index", "timer", "decoded")
 
     def __init__(self, data: bytes, cc: Optional[Union[ConfChange, ConfChangeV2]],
-                 fut: Union[asyncio.Future, _Callback]):
+                 fut: Union[asyncio.Future, _Callback], decoded: Any = None):
         self.data = data
+        # The state machine's in-memory form of data, which the proposer encoded data
+        # from (propose_nowait's `decoded`): applied in place of data once the entry
+        # commits at this proposal's term and index, so the leader does not decode
+        # what it has just encoded. Followers decode data.
+        self.decoded = decoded
         self.cc = cc
         self.fut = fut
         self.state = _QUEUED
@@ -271,14 +276,18 @@ class GroupDriver:
         return data
 
     def propose_nowait(self, data: bytes, callback: Callable[[Any, Optional[BaseException]], None],
-                       timeout: Optional[float] = None) -> None:
+                       timeout: Optional[float] = None, decoded: Any = None) -> None:
         """propose() without a coroutine or a future: queued at once, and
         callback(result, exc) is called exactly once, synchronously on the loop thread
         from inside the driver (apply, a deadline, a leadership change, shutdown) with
         the outcome propose() would have returned or raised. The callback must be quick
         and must not call into the driver. Raises now (nothing queued, no callback) for
-        what propose() raises before queueing: NotLeader, ProposalDropped."""
-        self._enqueue(self._checked_data(data), None, timeout, _Callback(callback))
+        what propose() raises before queueing: NotLeader, ProposalDropped.
+
+        `decoded`: what the state machine's decoding of `data` gives (its caller
+        guarantees it, type for type); if this entry is applied here as proposed,
+        sm.apply(index, data, True, decoded) is called with it."""
+        self._enqueue(self._checked_data(data), None, timeout, _Callback(callback), decoded)
 
     async def propose_conf_change(self, cc: Union[ConfChange, ConfChangeV2],
                                   timeout: Optional[float] = None) -> ConfState:
@@ -434,14 +443,14 @@ class GroupDriver:
         self._enqueue(data, cc, timeout, fut)
         return await fut
 
-    def _enqueue(self, data: bytes, cc, timeout: Optional[float], fut) -> None:
+    def _enqueue(self, data: bytes, cc, timeout: Optional[float], fut, decoded: Any = None) -> None:
         self._check_usable()
         r = self.rn.raft
         if r.state != StateRole.LEADER:
             raise NotLeader(self.group_id, r.lead, r.term)
         if self._inflight >= self.options.max_inflight_proposals:
             raise ProposalDropped(self.group_id, f"{self._inflight} proposals in flight (limit)")
-        p = _Proposal(data, cc, fut)
+        p = _Proposal(data, cc, fut, decoded)
         if timeout is not None:
             p.timer = self.host.loop.call_later(timeout, self._expire, p)
         self._queue.append(p)
@@ -733,7 +742,12 @@ class GroupDriver:
         if e.type == EntryType.NORMAL:
             if e.data:
                 invariant(e.index > self.sm.applied_index, "state machine already has this index")
-                if not self._results_optional or e.index in self._pending:
+                p = self._pending.get(e.index)
+                if p is not None and p.decoded is not None and p.term == e.term:
+                    # Our own proposal, applied as proposed (same term, same index: the
+                    # same entry): its in-memory form instead of decoding its bytes.
+                    result = self.sm.apply(e.index, e.data, True, p.decoded)
+                elif not self._results_optional or p is not None:
                     result = self.sm.apply(e.index, e.data)
                 else:
                     # Nobody here waits for this entry (a follower's, another

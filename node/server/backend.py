@@ -210,6 +210,11 @@ class Backend(abc.ABC):
         serves every slot unless a backend says otherwise)."""
         return True
 
+    def group_of_slot(self, slot: int) -> int:
+        """The Raft group serving `slot`: writes to one group may share a record
+        (resp_pipeline.py). One group unless the backend is sharded."""
+        return 0
+
     def applied_index(self, keys=()) -> int:
         """The last log index applied on this node (of the group serving `keys`): what a
         WATCH remembers (fsm/watch.py). Both backends apply into `self.sm`, a StateMachine."""

@@ -434,6 +434,7 @@ def main(argv=None) -> int:
         print(f"xraft-node: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     import uvloop
+    profiler = _start_profile()
     try:
         code = uvloop.run(run(cfg, secret, tls, token))
     except StartError as exc:
@@ -441,8 +442,30 @@ def main(argv=None) -> int:
         return EXIT_START
     except KeyboardInterrupt:
         return EXIT_OK
+    finally:
+        if profiler is not None:
+            _dump_profile(profiler, cfg.id)
     logging.shutdown()
     return code
+
+
+# Benchmarks (bench/resp_pipeline.py --profile) set this to a directory: the node runs under
+# cProfile and writes DIR/node-<id>.prof when it stops cleanly. Never set in production.
+CPROFILE_ENV = "XRAFT_CPROFILE"
+
+
+def _start_profile():
+    if not os.environ.get(CPROFILE_ENV):
+        return None
+    import cProfile
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def _dump_profile(profiler, node_id: int) -> None:
+    profiler.disable()
+    profiler.dump_stats(os.path.join(os.environ[CPROFILE_ENV], "node-%d.prof" % node_id))
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ from typing import Callable, Optional, Sequence
 
 from ..engine.keyspace import EngineConfig
 from ..engine.slots import SLOT_COUNT
-from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, encode_record
+from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, Record, encode_record
 from ..fsm.resolve import TimeStamper
 from ..fsm.slot_owner import OwnedSlots
 from ..fsm.state_machine import StateMachine
@@ -131,19 +131,23 @@ class FsmAdapter:
         # Set by RaftBackend.attach(): the first restore runs in GroupDriver.open's
         # executor thread, where no listener may be called (and none is waiting yet).
         self.on_restored: Optional[Callable[[], None]] = None
+        self.applied_as_proposed = 0       # records applied from the leader's object, not decoded
 
     @property
     def applied_index(self) -> int:
         return self.sm.applied_index
 
-    def apply(self, index: int, data: bytes, want_results: bool = True):
+    def apply(self, index: int, data: bytes, want_results: bool = True, record: Optional[Record] = None):
         """`want_results=False`: the driver has no caller waiting for this
-        entry; the fsm may leave anonymous requests' results unbuilt."""
+        entry; the fsm may leave anonymous requests' results unbuilt. `record`:
+        the leader's own proposal, as it encoded `data` from it (not decoded again)."""
         sm = self.sm
         invariant(index > sm.applied_index, "apply %d at or below applied %d" % (index, sm.applied_index))
         while sm.applied_index < index - 1:
             sm.skip(sm.applied_index + 1)
-        results = sm.apply(index, data, want_results)
+        results = sm.apply(index, data, want_results, record)
+        if record is not None:
+            self.applied_as_proposed += 1
         if self._on_time is not None and data:
             self._on_time(sm.last_now_ms)
         ready = sm.last_ready_keys
@@ -707,7 +711,8 @@ class RaftBackend(Backend):
         requests = [r for reqs, _, _ in group for r in reqs]
         # Stamped now, in flush order, and queued in the driver right here: the driver's
         # queue (and the log) gets records in stamp order.
-        data = encode_record(self.stamper.stamp(self.now_ms(), self._mono()), requests)
+        now_ms = self.stamper.stamp(self.now_ms(), self._mono())
+        data = encode_record(now_ms, requests)
         self.records += 1
         self.requests += len(requests)
         self.max_batch = max(self.max_batch, len(requests))
@@ -717,7 +722,10 @@ class RaftBackend(Backend):
         try:
             # Queued in the driver at once, in stamp order; rec.done is called from inside
             # the driver as the entry is applied here (no task, no future hop per record).
-            self.driver.propose_nowait(data, rec.done, timeout=self.propose_timeout_s)
+            # The record itself goes along: applied here, it is not decoded again (followers
+            # decode data; tests/fsm/test_leader_record.py: decode(encode(x)) is x, type for type).
+            self.driver.propose_nowait(data, rec.done, timeout=self.propose_timeout_s,
+                                       decoded=Record(now_ms, tuple(requests)))
         except Exception as exc:          # refused before it was queued
             rec.done(None, exc)
 

@@ -6,8 +6,10 @@
 Per connection, commands run one after the other in arrival order (a
 pipeline's replies come back in order because each is produced only after the
 one before it); replies produced while more commands are already buffered are
-written together. Writes from many connections still share records: the
-backend group-commits every submit made during one loop iteration.
+written together. Consecutive plain writes to one group already in the buffer
+run as one submission (resp_pipeline.py). Writes from many connections still
+share records: the backend group-commits every submit made during one loop
+iteration.
 
 A command goes through redis 7.0's processCommand order (server.c):
 existence and arity (unknown command / wrong number of arguments, the
@@ -73,6 +75,7 @@ from .client_cmds import check_name, client_command, format_addr, info_line
 from .cluster_cmds import Verbatim, cluster_reply, command_keys, encode_verbatim
 from .info import REDIS_VERSION, SERVER_COMMANDS, command_command, config_get, info_text
 from .node_config import PARSERS as NODE_SETTINGS, apply_node_settings
+from .resp_pipeline import plain_write, run_writes
 from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
                    RespParser, RespProtocolError, encode_error, encode_reply)
 from .routing import CrossSlot, common_slot, follower_read_allowed, redirect, redirect_slot, \
@@ -158,6 +161,7 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         self._reading_paused = False
         self._soft_since = None
         self._task = None
+        self.held = None                # a parsed command that did not join a write batch: next
 
     # -- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport):
@@ -240,7 +244,8 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
                     self.transport.close()    # flushes the buffer, then closes
                     return
                 try:
-                    argv = self.parser.next_command()
+                    argv, self.held = (self.held, None) if self.held is not None else \
+                        (self.parser.next_command(), None)
                 except RespProtocolError as e:
                     if e.reply:
                         out.append(encode_error(e.message))
@@ -271,7 +276,11 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
                     if out:
                         self._write(out)              # do not hold replies while blocked
                         out, size = [], 0
-                reply = await self.execute(argv)
+                write = plain_write(self, argv)
+                if write is not None:             # with the plain writes behind it: one submission
+                    replies = await run_writes(self, write)
+                else:
+                    replies = (await self.execute(argv),)
                 self._memory_settle()             # the command's bytes go back with its reply
                 if self.closed:
                     return
@@ -279,8 +288,8 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
                     self._write(out)
                     self.transport.close()
                     return
-                out.append(reply)
-                size += len(reply)
+                out.extend(replies)
+                size += sum(map(len, replies))
                 if self._quit:
                     self._write(out)
                     self.transport.close()
