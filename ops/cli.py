@@ -269,6 +269,8 @@ def rebalance(conn, dry_run, wait_s, as_json):
 
 main.add_command(compose_cli.compose)
 slots_cli.register(main, seed_options, _run)
+from . import members_cli  # noqa: E402  (xraftctl node add/remove)
+members_cli.register(main, seed_options, _run)
 
 from .hanet_cli import hosts as _hosts, nemesis as _nemesis  # noqa: E402  (namespace harness, nemesis runs)
 main.add_command(_hosts)
