@@ -1,0 +1,172 @@
+"""Membership on real processes (docs/sharding.md, "Membership"): 3 nodes, 2 data groups,
+streams with consumer groups and PELs in both groups.
+
+  * node 4 started with --join waits; `xraftctl node add` (under a RedisCluster producer)
+    gives it a group: it replicates it (XINFO STREAM FULL read from it identical to another
+    replica's) and leads some group;
+  * node 1 is killed with -9, then `xraftctl node remove --id 1` replaces it without it:
+    every acked entry and every PEL entry is still there, all 16384 slots are served, and
+    `xraftctl status` shows node 1 removed;
+  * node 1's data dir wiped: it cannot come back under id 1 (refused, with a clear message)
+    but joins under a new id through `node add`.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from redis.cluster import RedisCluster
+
+from tests.cluster.conftest import Node, cluster_factory, free_ports, wait_until  # noqa: F401 - a fixture
+from tests.cluster.harness import check_stream, node_state
+from tests.cluster.sharded_util import ClusterProducer, wait_settled
+from xraft.client.slots import key_slot
+
+GROUPS = 2
+
+
+class JoinNode(Node):
+    """A node started with --join SEED (no --peers: it learns them from the seed's map)."""
+
+    def __init__(self, cluster, node_id, seed, data_dir=None):
+        g, r = free_ports(2)
+        super().__init__(cluster, node_id, "127.0.0.1:%d" % g, "127.0.0.1:%d" % r)
+        self.seed = seed
+        if data_dir:
+            self.data_dir = data_dir
+
+    def argv(self) -> list:
+        c = self.cluster
+        return [sys.executable, "-m", "xraft.node.server.node_main", "--id", str(self.id), "--cluster-id",
+                c.cluster_id, "--data-dir", self.data_dir, "--grpc", self.grpc, "--resp", self.resp,
+                "--join", self.seed, "--secret-file", self.secret_file, "--tick-ms", "50",
+                "--election-ticks", "10", "--snapshot-entries", "200"] + self.extra_args
+
+
+def _keys(tag_prefix: str, per_group: int = 2) -> dict:
+    """{group: [keys]} with slots in each of the GROUPS even slot runs."""
+    out = {g: [] for g in range(1, GROUPS + 1)}
+    i = 0
+    while any(len(v) < per_group for v in out.values()):
+        k = "{%s%d}s" % (tag_prefix, i)
+        g = key_slot(k.encode()) * GROUPS // 16384 + 1
+        if len(out[g]) < per_group:
+            out[g].append(k)
+        i += 1
+    return out
+
+
+def _ctl(cluster, seed, *args, wait=240):
+    cmd = [sys.executable, "-m", "xraft.ops", *args, "--seed", seed, "--timeout", "5"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=wait + 60)
+
+
+def _slot_map(cluster, seed):
+    r = _ctl(cluster, seed, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _pels(rc, keys) -> dict:
+    """Groups and PELs (owners, delivery counts; idle times only grow, so they are left out)."""
+    return {k: (rc.xinfo_groups(k), [(p["message_id"], p["consumer"], p["times_delivered"])
+                                     for p in rc.xpending_range(k, "qg", "-", "+", 1000)]) for k in keys}
+
+
+def _quiet(rc, key):
+    for i in range(30):
+        rc.xadd(key, {"i": str(i)})
+    rc.xgroup_create(key, "qg", id="0")
+    rc.xreadgroup("qg", "c1", {key: ">"}, count=10)
+    got = rc.xreadgroup("qg", "c2", {key: ">"}, count=5)
+    rc.xack(key, "qg", got[0][1][0][0])
+
+
+def test_add_then_remove_a_dead_node(cluster_factory):  # noqa: F811
+    cluster = cluster_factory(3)
+    for node in cluster.nodes.values():
+        node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "200"]
+    cluster.start()
+    wait_settled(cluster)
+    quiet = _keys("q")
+    rc = _rc(cluster)
+    for keys in quiet.values():
+        for k in keys:
+            _quiet(rc, k)
+    all_quiet = [k for keys in quiet.values() for k in keys]
+    pels_before = _pels(rc, all_quiet)
+    seed = cluster.nodes[2].grpc
+
+    n4 = JoinNode(cluster, 4, seed)
+    cluster.nodes[4] = n4
+    n4.start()
+    n4.wait_ready()
+    produced = [k for keys in _keys("p", 1).values() for k in keys]
+    producer = ClusterProducer(cluster, produced)
+    producer.start()
+    try:
+        r = _ctl(cluster, seed, "node", "add", "--id", "4", "--grpc", n4.grpc, "--resp", n4.resp, "--json")
+        assert r.returncode == 0, (r.stdout, r.stderr, cluster.logs()[-6000:])
+        added = json.loads(r.stdout)
+        assert added["node"] == 4 and any(c["kind"] == "promote_learner" for c in added["changes"])
+        m = _slot_map(cluster, seed)
+        mine = [g["id"] for g in m["groups"] if 4 in g["voters"]]
+        assert mine, m
+        # node 4's copy of its groups' streams is a replica's: the same as another voter's
+        other = next(n for n in next(g for g in m["groups"] if g["id"] == mine[0])["voters"] if n != 4)
+        keys4 = [k for g in mine for k in quiet[g]]
+        wait_until(lambda: node_state(n4, keys4) == node_state(cluster.nodes[other], keys4), 60,
+                   "node 4's streams identical to node %d's" % other)
+        # preferred leaders even over the UP nodes (with 2 groups over 4 nodes: at most one each)
+        prefs = [g["preferred_leader"] for g in json.loads(_map_json(cluster, seed))["groups"]]
+        assert len(set(prefs)) == len(prefs), prefs
+
+        # node 1 dies; it is removed without ever answering
+        cluster.nodes[1].signal(signal.SIGKILL)
+        cluster.nodes[1].wait_exit()
+        r = _ctl(cluster, seed, "node", "remove", "--id", "1", "--json")
+        assert r.returncode == 0, (r.stdout, r.stderr, cluster.logs()[-6000:])
+    finally:
+        producer.finish()
+    m = _slot_map(cluster, seed)
+    assert {n["id"]: n["state"] for n in m["nodes"]}[1] == "removed", m
+    assert all(1 not in g["voters"] + g["learners"] for g in m["groups"]), m
+    rc = _rc(cluster)
+    slots = sorted((a, b) for a, b, *_ in rc.cluster_slots().keys()) if isinstance(rc.cluster_slots(), dict) \
+        else sorted((s[0], s[1]) for s in rc.cluster_slots())
+    covered = sum(b - a + 1 for a, b in slots)
+    assert covered == 16384 and slots[0][0] == 0 and slots[-1][1] == 16383, slots
+    for k in produced:
+        check_stream(rc.xrange(k), [producer.view(k)])
+    assert _pels(rc, all_quiet) == pels_before
+    assert producer.count() > 0
+
+    # node 1's disk is wiped: id 1 never returns, a new id joins through node add
+    shutil.rmtree(cluster.nodes[1].data_dir)
+    back = JoinNode(cluster, 1, seed, data_dir=cluster.nodes[1].data_dir)
+    back.start()
+    assert back.wait_exit(30) == 1
+    assert "node 1 was removed from this cluster" in back.log_text(), back.log_text()
+    n5 = JoinNode(cluster, 5, seed, data_dir=cluster.nodes[1].data_dir)
+    cluster.nodes[5] = n5
+    n5.start()
+    n5.wait_ready()
+    r = _ctl(cluster, seed, "node", "add", "--id", "5", "--grpc", n5.grpc, "--resp", n5.resp, "--json")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    m = _slot_map(cluster, seed)
+    assert {n["id"]: n["state"] for n in m["nodes"]}[5] == "up"
+    assert os.path.isdir(n5.data_dir)
+
+
+def _rc(cluster):
+    """redis-py RedisCluster with its own retries (it follows MOVED after a membership change)."""
+    n = next(n for n in cluster.nodes.values() if n.running())
+    return RedisCluster(host="127.0.0.1", port=n.resp_port, decode_responses=True)
+
+
+def _map_json(cluster, seed) -> str:
+    from xraft.client import sync
+    with sync.Client([seed], timeout=10) as c:
+        return c.get_slot_map().slot_map
