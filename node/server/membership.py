@@ -33,6 +33,7 @@ from ..cluster.slot_map import NodeSpec, NodeState, SlotMap, SlotMapError
 from ..raft.types import ConfChangeError, ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2
 from ..runtime.driver_api import DriverError
 from .config import NodeAddresses
+from .move_reconciler import run_rounds
 from .slot_move_steps import MoveStepRefused, MoveSteps, MoveStepUnavailable
 
 log = logging.getLogger("xraft.membership")
@@ -187,18 +188,7 @@ class MembershipReconciler:
         self.rounds = 0
 
     async def run(self) -> None:
-        while True:
-            try:
-                busy = await self.round()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the map says where to resume
-                log.info("membership round failed (%r); retrying", exc)
-                busy = True
-            if busy:
-                await asyncio.sleep(RETRY_S)
-            else:
-                await self.node.meta.wait_change(IDLE_WAIT_S)
+        await run_rounds(self.round, self.node.meta, "membership round", busy_pause_s=RETRY_S, idle_s=IDLE_WAIT_S)
 
     def _wanted(self, m: SlotMap) -> dict:
         out = {gid: wanted_members(m, gid) for gid in m.groups}

@@ -22,6 +22,7 @@ from redis.cluster import RedisCluster
 from tests.cluster.conftest import Node, cluster_factory, free_ports, wait_until  # noqa: F401 - a fixture
 from tests.cluster.harness import check_stream, node_state
 from tests.cluster.sharded_util import ClusterProducer, wait_settled
+from tests.cluster.test_slot_move import _group_view, _quiet_group
 from xraft.client.slots import key_slot
 
 GROUPS = 2
@@ -70,18 +71,8 @@ def _slot_map(cluster, seed):
 
 
 def _pels(rc, keys) -> dict:
-    """Groups and PELs (owners, delivery counts; idle times only grow, so they are left out)."""
-    return {k: (rc.xinfo_groups(k), [(p["message_id"], p["consumer"], p["times_delivered"])
-                                     for p in rc.xpending_range(k, "qg", "-", "+", 1000)]) for k in keys}
-
-
-def _quiet(rc, key):
-    for i in range(30):
-        rc.xadd(key, {"i": str(i)})
-    rc.xgroup_create(key, "qg", id="0")
-    rc.xreadgroup("qg", "c1", {key: ">"}, count=10)
-    got = rc.xreadgroup("qg", "c2", {key: ">"}, count=5)
-    rc.xack(key, "qg", got[0][1][0][0])
+    """Groups, consumers, PELs (owners, delivery counts; idle times only grow) and entries."""
+    return {k: _group_view(rc, k) for k in keys}
 
 
 def test_add_then_remove_a_dead_node(cluster_factory):  # noqa: F811
@@ -94,7 +85,7 @@ def test_add_then_remove_a_dead_node(cluster_factory):  # noqa: F811
     rc = _rc(cluster)
     for keys in quiet.values():
         for k in keys:
-            _quiet(rc, k)
+            _quiet_group(rc, k)
     all_quiet = [k for keys in quiet.values() for k in keys]
     pels_before = _pels(rc, all_quiet)
     seed = cluster.nodes[2].grpc
