@@ -245,7 +245,7 @@ def plan_drain(slot_map: SlotMap, node_id: int) -> list:
     for gid in plan.map.groups_of_node(node_id):
         g = plan.map.groups[gid]
         if node_id in g.voters:
-            spare = _fewest(plan.map, replica_counts(plan.map), sorted(up - set(g.replicas)))
+            spare = _fewest(plan.map, replica_counts(plan.map), sorted(up - set(g.replicas) - set(g.left)))
             if spare is not None:
                 plan.add(AddLearner, group_id=gid, node_id=spare)
                 plan.add(PromoteLearner, group_id=gid, node_id=spare)
@@ -292,7 +292,7 @@ def plan_add_node(slot_map: SlotMap, node: NodeSpec) -> list:
                 break
             for gid in plan.map.groups_of_node(donor):
                 g = plan.map.groups[gid]
-                if donor in g.voters and nid not in g.replicas:
+                if donor in g.voters and nid not in g.replicas and nid not in g.left:
                     swap = (gid, donor)
                     break
             if swap:

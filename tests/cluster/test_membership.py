@@ -1,8 +1,8 @@
-"""Membership on real processes (docs/sharding.md, "Membership"): 3 nodes, 2 data groups,
-streams with consumer groups and PELs in both groups.
+"""Membership on real processes (docs/sharding.md, "Membership"): 3 nodes, 3 data groups,
+streams with consumer groups and PELs in every group.
 
   * node 4 started with --join waits; `xraftctl node add` (under a RedisCluster producer)
-    gives it a group: it replicates it (XINFO STREAM FULL read from it identical to another
+    gives it groups: it replicates them (XINFO STREAM FULL read from it identical to another
     replica's) and leads some group;
   * node 1 is killed with -9, then `xraftctl node remove --id 1` replaces it without it:
     every acked entry and every PEL entry is still there, all 16384 slots are served, and
@@ -25,7 +25,7 @@ from tests.cluster.sharded_util import ClusterProducer, wait_settled
 from tests.cluster.test_slot_move import _group_view, _quiet_group
 from xraft.client.slots import key_slot
 
-GROUPS = 2
+GROUPS = 3
 
 
 class JoinNode(Node):
@@ -46,13 +46,14 @@ class JoinNode(Node):
                 "--election-ticks", "10", "--snapshot-entries", "200"] + self.extra_args
 
 
-def _keys(tag_prefix: str, per_group: int = 2) -> dict:
-    """{group: [keys]} with slots in each of the GROUPS even slot runs."""
-    out = {g: [] for g in range(1, GROUPS + 1)}
+def _keys(slot_map: dict, tag_prefix: str, per_group: int = 2) -> dict:
+    """{group: [keys]}: keys whose slots each data group owns."""
+    out = {g["id"]: [] for g in slot_map["groups"]}
     i = 0
     while any(len(v) < per_group for v in out.values()):
         k = "{%s%d}s" % (tag_prefix, i)
-        g = key_slot(k.encode()) * GROUPS // 16384 + 1
+        slot = key_slot(k.encode())
+        g = next(g for a, b, g in slot_map["slots"] if a <= slot <= b)
         if len(out[g]) < per_group:
             out[g].append(k)
         i += 1
@@ -81,20 +82,21 @@ def test_add_then_remove_a_dead_node(cluster_factory):  # noqa: F811
         node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "200"]
     cluster.start()
     wait_settled(cluster)
-    quiet = _keys("q")
+    seed = cluster.nodes[2].grpc
+    founding = json.loads(_map_json(cluster, seed))
+    quiet = _keys(founding, "q")
     rc = _rc(cluster)
     for keys in quiet.values():
         for k in keys:
             _quiet_group(rc, k)
     all_quiet = [k for keys in quiet.values() for k in keys]
     pels_before = _pels(rc, all_quiet)
-    seed = cluster.nodes[2].grpc
 
     n4 = JoinNode(cluster, 4, seed)
     cluster.nodes[4] = n4
     n4.start()
     n4.wait_ready()
-    produced = [k for keys in _keys("p", 1).values() for k in keys]
+    produced = [k for keys in _keys(founding, "p", 1).values() for k in keys]
     producer = ClusterProducer(cluster, produced)
     producer.start()
     try:
@@ -106,13 +108,19 @@ def test_add_then_remove_a_dead_node(cluster_factory):  # noqa: F811
         mine = [g["id"] for g in m["groups"] if 4 in g["voters"]]
         assert mine, m
         # node 4's copy of its groups' streams is a replica's: the same as another voter's
-        other = next(n for n in next(g for g in m["groups"] if g["id"] == mine[0])["voters"] if n != 4)
-        keys4 = [k for g in mine for k in quiet[g]]
-        wait_until(lambda: node_state(n4, keys4) == node_state(cluster.nodes[other], keys4), 60,
-                   "node 4's streams identical to node %d's" % other)
-        # preferred leaders even over the UP nodes (with 2 groups over 4 nodes: at most one each)
-        prefs = [g["preferred_leader"] for g in json.loads(_map_json(cluster, seed))["groups"]]
-        assert len(set(prefs)) == len(prefs), prefs
+        for g in m["groups"]:
+            if g["id"] not in mine:
+                continue
+            other = cluster.nodes[next(n for n in g["voters"] if n != 4)]
+            keys = quiet[g["id"]]
+            wait_until(lambda: node_state(n4, keys) == node_state(other, keys), 60,
+                       "node 4's streams of group %d identical to node %d's" % (g["id"], other.id))
+        # leaders spread onto it: the map prefers it for some group, and the balancers follow
+        prefs = {g["id"]: g["preferred_leader"] for g in json.loads(_map_json(cluster, seed))["groups"]}
+        led = [g for g, n in prefs.items() if n == 4]
+        assert led and len(set(prefs.values())) == len(prefs), prefs
+        wait_until(lambda: all(g.leader == 4 for g in _layout(seed).groups if g.id in led), 60,
+                   "node 4 leading groups %s" % led)
 
         # node 1 dies; it is removed without ever answering
         cluster.nodes[1].signal(signal.SIGKILL)
@@ -155,6 +163,12 @@ def _rc(cluster):
     """redis-py RedisCluster with its own retries (it follows MOVED after a membership change)."""
     n = next(n for n in cluster.nodes.values() if n.running())
     return RedisCluster(host="127.0.0.1", port=n.resp_port, decode_responses=True)
+
+
+def _layout(seed):
+    from xraft.client import sync
+    with sync.Client([seed], timeout=10) as c:
+        return c.cluster_layout()
 
 
 def _map_json(cluster, seed) -> str:

@@ -118,3 +118,27 @@ def test_meta_then_steps_reach_it():
             break
         conf = _apply(conf, step)
     assert conf == Conf((2, 3, 4), (5,))
+
+
+@pytest.mark.parametrize("groups", [2, 3, 4, 6])
+def test_add_then_remove_never_puts_a_node_back_into_a_group_it_left(groups):
+    """Raft refuses an id back into a group it left (ConfState.removed); RemoveReplica records
+    it in the group's `left`, AddLearner refuses it and the planners avoid it."""
+    from xraft.node.cluster.changes import AddLearner, apply_change
+    from xraft.node.cluster.rebalance import plan_add_node, plan_remove_node
+    from xraft.node.cluster.slot_map import SlotMapError
+    nodes = {n: NodeSpec(n, "h:%d" % (7000 + n), "h:%d" % (6000 + n)) for n in (1, 2, 3)}
+    m = initial_layout(nodes, groups, 3)
+    for c in plan_add_node(m, NodeSpec(4, "h:7004", "h:6004")):
+        m = apply_change(m, c)
+    assert SlotMap.decode(m.encode()) == m
+    for c in plan_remove_node(m, 1):
+        if c.kind == "add_learner":
+            assert c.node_id not in m.groups[c.group_id].left
+        m = apply_change(m, c)
+    assert m.nodes[1].state is NodeState.REMOVED and not m.groups_of_node(1)
+    back = [(g.group_id, n) for g in m.groups.values() for n in g.left if m.nodes[n].state is NodeState.UP]
+    assert back or groups == 2       # with 2 groups only node 1 ever left one
+    for gid, n in back:
+        with pytest.raises(SlotMapError, match="left group"):
+            apply_change(m, AddLearner(m.epoch, gid, n))
