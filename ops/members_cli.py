@@ -18,11 +18,14 @@ to be running already (`xraft-node --join S ...`), waiting to be added.
 
 --json prints {"node", "action": "add"|"remove", "epoch", "changes": [{"kind", "group",
 "node", "epoch"}], "elapsed_s"}. Progress lines go to stderr.
+XRAFTCTL_FAILPOINT=node.after_<kind> (tests) kills the command right after that change applied.
 This module talks to nodes only through the SDK (ops/ never imports node/).
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import click
@@ -34,7 +37,15 @@ from .cluster_status import Connection, StatusError
 
 CATCH_UP_ENTRIES = 100      # as the node's cluster/membership.py
 POLL_S = 0.2
+FAILPOINT_ENV = "XRAFTCTL_FAILPOINT"
 PLAN_ATTEMPTS = 200         # replans (each after a refusal) before giving up
+
+
+def _failpoint(name: str) -> None:
+    """Tests: XRAFTCTL_FAILPOINT=node.after_<kind> SIGKILLs this process right after a change of
+    that kind applied (its first one), as a crash would."""
+    if os.environ.get(FAILPOINT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _progress(show: bool, text: str) -> None:
@@ -105,6 +116,7 @@ def run_plan(client, conn: Connection, op: str, node: int, grpc: str, resp: str,
             who = change.get("node_id", change.get("node", {}).get("id") if isinstance(change.get("node"), dict)
                               else None)
             done.append({"kind": kind, "group": group, "node": who, "epoch": r.epoch})
+            _failpoint("node.after_" + kind)
             _progress(show, f"  epoch {r.epoch}: {kind}" + (f" group {group}" if group else "") +
                       (f" node {who}" if who else ""))
         else:

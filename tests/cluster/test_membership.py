@@ -175,3 +175,61 @@ def _map_json(cluster, seed) -> str:
     from xraft.client import sync
     with sync.Client([seed], timeout=10) as c:
         return c.get_slot_map().slot_map
+
+
+def test_add_resumes_after_kill_9_of_the_cli_and_the_meta_leader(cluster_factory):  # noqa: F811
+    """The CLI dies (SIGKILL, a failpoint) right after its first AddLearner applied, then the
+    metadata leader (whose reconciler drives the Raft side) is killed -9 and restarted: the
+    same command run again resumes from the map and finishes, node 4 holds its groups' data."""
+    cluster = cluster_factory(3)
+    for node in cluster.nodes.values():
+        node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "200"]
+    cluster.start()
+    wait_settled(cluster)
+    seed = cluster.nodes[2].grpc
+    quiet = _keys(json.loads(_map_json(cluster, seed)), "r")
+    rc = _rc(cluster)
+    for keys in quiet.values():
+        for k in keys:
+            _quiet_group(rc, k)
+    n4 = JoinNode(cluster, 4, seed)
+    cluster.nodes[4] = n4
+    n4.start()
+    n4.wait_ready()
+    add = ["node", "add", "--id", "4", "--grpc", n4.grpc, "--resp", n4.resp, "--json"]
+    cluster.env["XRAFTCTL_FAILPOINT"] = "node.after_add_learner"
+    try:
+        cmd = [sys.executable, "-m", "xraft.ops", *add, "--seed", seed, "--timeout", "5"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=cluster.env)
+    finally:
+        del cluster.env["XRAFTCTL_FAILPOINT"]
+    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stdout, r.stderr)
+    m = json.loads(_map_json(cluster, seed))
+    assert any(4 in g["learners"] for g in m["groups"]), m          # it died half way
+
+    meta_leader = _meta_leader(seed)
+    cluster.nodes[meta_leader].signal(signal.SIGKILL)
+    cluster.nodes[meta_leader].wait_exit()
+    cluster.nodes[meta_leader].start()
+    cluster.nodes[meta_leader].wait_ready()
+
+    r = _ctl(cluster, seed, *add)
+    assert r.returncode == 0, (r.stdout, r.stderr, cluster.logs()[-6000:])
+    m = _slot_map(cluster, seed)
+    assert all(not g["learners"] for g in m["groups"]), m
+    mine = [g for g in m["groups"] if 4 in g["voters"]]
+    assert len(mine) == 2, m                         # 3 groups x 3 replicas over 4 nodes: 2 or 3 each
+    for g in mine:
+        other = cluster.nodes[next(n for n in g["voters"] if n not in (4, meta_leader))]
+        keys = quiet[g["id"]]
+        wait_until(lambda: node_state(n4, keys) == node_state(other, keys), 60,
+                   "node 4's streams of group %d identical to node %d's" % (g["id"], other.id))
+
+
+def _meta_leader(seed) -> int:
+    from xraft.client import sync
+
+    def leader():
+        with sync.Client([seed], timeout=10) as c:
+            return c.get_slot_map().meta_leader
+    return wait_until(leader, 30, "a metadata leader")

@@ -142,3 +142,45 @@ def test_add_then_remove_never_puts_a_node_back_into_a_group_it_left(groups):
     for gid, n in back:
         with pytest.raises(SlotMapError, match="left group"):
             apply_change(m, AddLearner(m.epoch, gid, n))
+
+
+@pytest.mark.parametrize("groups", [2, 3, 6])
+def test_a_plan_made_again_after_any_prefix_finishes_the_same_way(groups):
+    """A CLI that crashed after any change of an add or a remove plans again from the map:
+    it ends with every group at the replication factor, no learner left, node 1 REMOVED."""
+    from xraft.node.cluster.changes import apply_change
+    from xraft.node.cluster.rebalance import plan_add_node, plan_remove_node
+    nodes = {n: NodeSpec(n, "h:%d" % (7000 + n), "h:%d" % (6000 + n)) for n in (1, 2, 3)}
+    start = initial_layout(nodes, groups, 3)
+    new = NodeSpec(4, "h:7004", "h:6004")
+
+    def run(m, plan_fn):
+        for _ in range(100):
+            changes = plan_fn(m)
+            if not changes:
+                return m
+            m = apply_change(m, changes[0])         # one at a time, planning again each time
+        raise AssertionError("no end")
+
+    full = plan_add_node(start, new)
+    for k in range(len(full) + 1):
+        m = start
+        for c in full[:k]:
+            m = apply_change(m, c)
+        m = run(m, lambda mm: plan_add_node(mm, new))
+        assert all(len(g.replicas) == 3 and not g.learners for g in m.groups.values()), (k, m.groups)
+        assert 4 in {n for g in m.groups.values() for n in g.voters}
+        removal = plan_remove_node(m, 1)
+        for j in range(len(removal) + 1):
+            r = m
+            for c in removal[:j]:
+                r = apply_change(r, c)
+            r = run(r, lambda mm: plan_remove_node(mm, 1)
+                    if mm.nodes[1].state is not NodeState.REMOVED else [])
+            assert r.nodes[1].state is NodeState.REMOVED
+            # never more replicas than before, no learner left behind; fewer only where every
+            # candidate node already left that group (Raft takes no id back)
+            for g in r.groups.values():
+                assert len(g.replicas) <= 3 and not g.learners, (k, j, r.groups)
+                if len(g.replicas) < 3:
+                    assert not {2, 3, 4} - set(g.replicas) - set(g.left), (k, j, r.groups)
