@@ -271,6 +271,8 @@ main.add_command(compose_cli.compose)
 slots_cli.register(main, seed_options, _run)
 from . import members_cli  # noqa: E402  (xraftctl node add/remove)
 members_cli.register(main, seed_options, _run)
+from . import members_local  # noqa: E402  (xraftctl local add-node)
+members_local.register(local, dir_option, _run, _progress)
 
 from .hanet_cli import hosts as _hosts, nemesis as _nemesis  # noqa: E402  (namespace harness, nemesis runs)
 main.add_command(_hosts)
