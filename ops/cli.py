@@ -9,6 +9,7 @@
     xraftctl rebalance    --seed HOST:PORT [--dry-run] [--json]
     xraftctl slots move   --seed HOST:PORT --slots FIRST-LAST --to-group G [--json] (ops/slots_cli.py)
     xraftctl compose      [--nodes 3] [--groups G] [--token] > docker-compose.yml
+    xraftctl node add|remove --seed HOST:PORT --id N [...] (ops/members_cli.py); local add-node (members_local.py)
 
 `local ...` manages processes on this machine; `status` (and every command to
 come that takes --seed) talks to any running cluster through the SDK.
