@@ -76,7 +76,9 @@ def _pels(rc, keys) -> dict:
     return {k: _group_view(rc, k) for k in keys}
 
 
-def test_add_then_remove_a_dead_node(cluster_factory):  # noqa: F811
+def _start(cluster_factory):  # noqa: F811
+    """3 nodes, GROUPS groups, quiet streams with consumer groups in every group, and node 4
+    started with --join (waiting to be added): (cluster, seed, founding map, {group: keys}, n4)."""
     cluster = cluster_factory(3)
     for node in cluster.nodes.values():
         node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "200"]
@@ -89,13 +91,17 @@ def test_add_then_remove_a_dead_node(cluster_factory):  # noqa: F811
     for keys in quiet.values():
         for k in keys:
             _quiet_group(rc, k)
-    all_quiet = [k for keys in quiet.values() for k in keys]
-    pels_before = _pels(rc, all_quiet)
-
     n4 = JoinNode(cluster, 4, seed)
     cluster.nodes[4] = n4
     n4.start()
     n4.wait_ready()
+    return cluster, seed, founding, quiet, n4
+
+
+def test_add_then_remove_a_dead_node(cluster_factory):  # noqa: F811
+    cluster, seed, founding, quiet, n4 = _start(cluster_factory)
+    all_quiet = [k for keys in quiet.values() for k in keys]
+    pels_before = _pels(_rc(cluster), all_quiet)
     produced = [k for keys in _keys(founding, "p", 1).values() for k in keys]
     producer = ClusterProducer(cluster, produced)
     producer.start()
@@ -181,21 +187,7 @@ def test_add_resumes_after_kill_9_of_the_cli_and_the_meta_leader(cluster_factory
     """The CLI dies (SIGKILL, a failpoint) right after its first AddLearner applied, then the
     metadata leader (whose reconciler drives the Raft side) is killed -9 and restarted: the
     same command run again resumes from the map and finishes, node 4 holds its groups' data."""
-    cluster = cluster_factory(3)
-    for node in cluster.nodes.values():
-        node.extra_args = ["--groups", str(GROUPS), "--snapshot-entries", "200"]
-    cluster.start()
-    wait_settled(cluster)
-    seed = cluster.nodes[2].grpc
-    quiet = _keys(json.loads(_map_json(cluster, seed)), "r")
-    rc = _rc(cluster)
-    for keys in quiet.values():
-        for k in keys:
-            _quiet_group(rc, k)
-    n4 = JoinNode(cluster, 4, seed)
-    cluster.nodes[4] = n4
-    n4.start()
-    n4.wait_ready()
+    cluster, seed, _, quiet, n4 = _start(cluster_factory)
     add = ["node", "add", "--id", "4", "--grpc", n4.grpc, "--resp", n4.resp, "--json"]
     cluster.env["XRAFTCTL_FAILPOINT"] = "node.after_add_learner"
     try:
