@@ -7,7 +7,9 @@
                        group 0 later than the others (a data dir from before the metadata
                        group) starts from the same first snapshot and is caught up by the
                        leader like a lagging member.
-    members            voters: the 3 lowest node ids of the founding map; learners: the others
+    members            voters: the 3 lowest node ids of the founding map; learners: the others;
+                       later the membership reconciler keeps 3 UP voters and every other node
+                       that is not REMOVED a learner (membership.py, meta_members_wanted)
 
 Every node, `--groups 1` included, runs one: the map's epoch and its migrations are read
 from it everywhere (a one-group cluster can have no move, its map changes only by operator

@@ -18,6 +18,9 @@
                                   (meta_group.py); every applied change re-routes the node
     MoveReconciler                on group 0's leader: drives the map's slot moves
                                   (move_reconciler.py)
+    MembershipFollower            the hosted groups, peers and addresses follow the map;
+    MembershipReconciler          on group 0's leader: the groups' Raft configurations follow
+                                  the map's members (membership.py); --join: node_join.py
 
 Start-up: validate everything (config, secret, TLS files, token) before
 touching the data dir; lock the data dir (a second process on the same
