@@ -217,8 +217,9 @@ class Node:
             # founding map's groups; otherwise its configuration comes from its own log and
             # snapshot, or (a group joined later) from the leader's snapshot.
             spec = self.founding.groups.get(gid)
-            founding = self.data.bootstrap and spec is not None and cfg.id in spec.replicas
-            await self.open_data_group(gid, spec.voters if founding else ())
+            member = spec is not None and cfg.id in spec.replicas
+            await self.open_data_group(gid, spec.voters if member and self.data.bootstrap else (),
+                                       founding_member=member)
         self.data.mark_bootstrapped()
         if cfg.groups == 1 and not cfg.join and GROUP_ID in self.backends:
             self.backend = self.backends[GROUP_ID]    # exactly the one-group node of before
@@ -295,12 +296,13 @@ class Node:
         except OSError as exc:
             raise StartError(f"cannot listen on --metrics {self.cfg.metrics}: {exc}") from None
 
-    async def open_data_group(self, gid: int, bootstrap: tuple = ()) -> RaftBackend:
+    async def open_data_group(self, gid: int, bootstrap: tuple = (), founding_member: bool = False) -> RaftBackend:
         """Start replicating data group `gid` (its dir's state, else empty; `bootstrap`: the
         founding voters, written only into an empty dir)."""
         cfg, election_s = self.cfg, self._election_s
-        # A group opened empty owns nothing until the leader's snapshot says what it owns.
-        owned = self.founding.ranges(gid) if bootstrap else ()
+        # A replica added later owns nothing until its leader's snapshot says what it owns; a
+        # founding one starts from the founding ranges (its own snapshot and log then apply).
+        owned = self.founding.ranges(gid) if founding_member else ()
         b = RaftBackend(cfg.id, self.addresses, propose_timeout_s=max(10.0, 4 * election_s),
                         read_timeout_s=max(5.0, 2 * election_s),
                         leader_ready_timeout_s=max(5.0, 2 * election_s),
