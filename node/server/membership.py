@@ -234,11 +234,17 @@ class MembershipFollower:
         self.node = node
         self.calls = calls
         self._wake = asyncio.Event()
+        self._removed_told = False
 
     def on_map(self, slot_map: SlotMap) -> None:
         """Peers and addresses now (the apply path: quick); groups in run()."""
         node = self.node
         me = node.cfg.id
+        mine = slot_map.nodes.get(me)
+        if mine is not None and mine.state is NodeState.REMOVED and not self._removed_told:
+            self._removed_told = True
+            log.warning("node %d is REMOVED from the cluster (map epoch %d): it leaves its groups and "
+                        "serves nothing; stop it (its id never returns)", me, slot_map.epoch)
         for nid, spec in slot_map.nodes.items():
             if nid == me:
                 continue
