@@ -23,7 +23,7 @@ import grpc
 
 from xraft.proto.v1 import client_pb2 as pb
 
-from .errors import DeadlineExceededError, NotLeaderError, UnavailableError, from_rpc_error
+from .errors import CommandError, DeadlineExceededError, NotLeaderError, UnavailableError, from_rpc_error
 
 MAX_REDIRECTS = 8
 SERVER_SHARE = 0.8          # of the time left, the leader waits for the target (its answer must get back)
@@ -119,6 +119,51 @@ async def propose_map_change(client, change: bytes, timeout: float) -> pb.Propos
             address = addresses[(attempt + 1) % len(addresses)]
         await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))   # an election is under way
     raise last
+
+
+async def group_membership(client, group_id: int, timeout: float) -> pb.GroupMembershipResponse:
+    """A Raft group's configuration and its replicas' match indexes, from the group's leader
+    (GroupMembership, status only): the seed first, following leader_grpc; "unavailable"
+    (an election) is asked again until the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    addresses = _addresses(client)
+    address, why = addresses[0], ""
+    for attempt in range(MAX_REDIRECTS * 8):
+        try:
+            r = await _call(client, address, "GroupMembership", pb.GroupMembershipRequest(group_id=group_id),
+                            deadline)
+        except UnavailableError as e:       # that node is down: another one names the leader
+            why = str(e)
+            address = addresses[(attempt + 1) % len(addresses)]
+            r = None
+        if r is not None:
+            if r.refused:
+                raise CommandError(r.refused)
+            if r.leader_grpc:
+                address = r.leader_grpc
+                continue
+            if not r.unavailable:
+                return r
+            why = r.unavailable
+        if loop.time() >= deadline:
+            break
+        await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+    raise UnavailableError(f"GroupMembership of group {group_id}: no leader answered ({why})")
+
+
+async def membership_plan(client, op: str, node_id: int, grpc_address: str, resp: str,
+                          timeout: float) -> pb.MembershipPlanResponse:
+    """The changes that add or remove a node, planned by the first node that answers."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last = None
+    for address in _addresses(client):
+        try:
+            return await _call(client, address, "MembershipPlan", pb.MembershipPlanRequest(
+                op=op, node_id=node_id, grpc=grpc_address, resp=resp), deadline)
+        except (UnavailableError, DeadlineExceededError) as e:
+            last = e
+    raise last or UnavailableError("MembershipPlan: no node to ask")
 
 
 def _addresses(client) -> list:

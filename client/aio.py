@@ -258,6 +258,17 @@ class Client(Commands, DeadLetterCommands):
         ProposeMapChangeResponse says whether it applied or why it was refused."""
         return await admin.propose_map_change(self, bytes(change), self.timeout if timeout is None else timeout)
 
+    async def group_membership(self, group_id: int, *, timeout=None):
+        """GroupMembershipResponse of Raft group `group_id` (0: the metadata group) from its
+        leader: voters, learners, the leader's last index and each replica's match index."""
+        return await admin.group_membership(self, group_id, self.timeout if timeout is None else timeout)
+
+    async def membership_plan(self, op: str, node_id: int, grpc_address: str = "", resp: str = "", *,
+                              timeout=None):
+        """MembershipPlanResponse: the changes that add ("add") or remove ("remove") a node."""
+        return await admin.membership_plan(self, op, node_id, grpc_address, resp,
+                                           self.timeout if timeout is None else timeout)
+
     def leader_for(self, key) -> str | None:
         """The address a call for `key` goes to first (None: unknown or unsharded)."""
         table = self._router.table

@@ -9,6 +9,7 @@
     xraftctl rebalance    --seed HOST:PORT [--dry-run] [--json]
     xraftctl slots move   --seed HOST:PORT --slots FIRST-LAST --to-group G [--json] (ops/slots_cli.py)
     xraftctl compose      [--nodes 3] [--groups G] [--token] > docker-compose.yml
+    xraftctl node add|remove --seed HOST:PORT --id N [...] (ops/members_cli.py); local add-node (members_local.py)
 
 `local ...` manages processes on this machine; `status` (and every command to
 come that takes --seed) talks to any running cluster through the SDK.
@@ -269,6 +270,10 @@ def rebalance(conn, dry_run, wait_s, as_json):
 
 main.add_command(compose_cli.compose)
 slots_cli.register(main, seed_options, _run)
+from . import members_cli  # noqa: E402  (xraftctl node add/remove)
+members_cli.register(main, seed_options, _run)
+from . import members_local  # noqa: E402  (xraftctl local add-node)
+members_local.register(local, dir_option, _run, _progress)
 
 from .hanet_cli import hosts as _hosts, nemesis as _nemesis  # noqa: E402  (namespace harness, nemesis runs)
 main.add_command(_hosts)

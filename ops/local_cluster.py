@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Optional
 import redis
 
 from .topology import NodeSpec, Topology
-from .topology import node_argv as topology_argv
+from .topology import join_argv, node_argv as topology_argv
 
 CLUSTER_FILE = "cluster.json"
 SECRET_FILE = "secret"
@@ -72,6 +72,7 @@ class NodeInfo:
     # --initial-cluster-state new. True for nodes of a cluster.json written before the flag.
     founded: bool = True
     metrics: Optional[str] = None   # --metrics address (Prometheus), if the cluster was made with one
+    join: Optional[str] = None      # a node added later (members_local.py): started with --join THIS
 
 
 @dataclass
@@ -244,6 +245,8 @@ def topology(cluster: ClusterInfo) -> Topology:
 def node_argv(cluster: ClusterInfo, node: NodeInfo) -> list:
     """The full command line that starts `node` (the xraft-node CLI)."""
     topo = topology(cluster)
+    if node.join:
+        return list(cluster.node_command) + join_argv(topo, topo.node(node.id), node.join)
     return list(cluster.node_command) + topology_argv(topo, topo.node(node.id), founding=not node.founded)
 
 

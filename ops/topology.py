@@ -76,3 +76,17 @@ def node_argv(topology: Topology, node: NodeSpec, founding: bool) -> list:
     if founding:
         argv += ["--initial-cluster-state", "new"]
     return argv + list(topology.extra_args)
+
+
+def join_argv(topology: Topology, node: NodeSpec, seed: str) -> list:
+    """The xraft-node arguments of a node that joins the running cluster through `seed`
+    (--join: no --peers, --groups or --initial-cluster-state: the seed's map says)."""
+    argv = ["--id", str(node.id), "--cluster-id", topology.cluster_id, "--data-dir", node.data_dir,
+            "--grpc", node.grpc, "--resp", node.resp, "--join", seed, "--secret-file", topology.secret_file]
+    if topology.token_file:
+        argv += ["--token-file", topology.token_file]
+    if topology.fsync:
+        argv += ["--fsync", topology.fsync]
+    if node.metrics:
+        argv += ["--metrics", node.metrics]
+    return argv + list(topology.extra_args)

@@ -15,10 +15,12 @@ SlotMapError.
     AddNode(node)                         a new node id, UP (ids never return: REMOVED stays)
     SetNodeState(node, state)             UP -> DRAINING -> REMOVED, DRAINING -> UP (cancel);
                                           REMOVED only once the node holds no replica
-    AddLearner(group, node)               conf_version + 1; the node must be UP
+    AddLearner(group, node)               conf_version + 1; the node must be UP and never have
+                                          left the group (`left`: Raft takes no id back)
     PromoteLearner(group, node)           learner -> voter, conf_version + 1
     RemoveReplica(group, node)            conf_version + 1; not the last voter, not the
-                                          preferred leader (move that first)
+                                          preferred leader (move that first); the node joins
+                                          the group's `left`
     SetPreferredLeader(group, node)       an UP voter
     BeginMove(first, last, target)        slot_move.begin_move
     AdvanceMove(first, last, started_epoch, target, event)   slot_move.advance
@@ -228,6 +230,9 @@ def _apply_add_learner(m: SlotMap, c: AddLearner) -> SlotMap:
     _up_node(m, c.node_id)
     if c.node_id in g.replicas:
         raise SlotMapError("node %d already replicates group %d" % (c.node_id, c.group_id))
+    if c.node_id in g.left:
+        raise SlotMapError("node %d left group %d before: Raft never takes an id back into a group"
+                           % (c.node_id, c.group_id))
     if len(g.replicas) >= MAX_REPLICAS:
         raise SlotMapError("group %d has %d replicas already" % (c.group_id, MAX_REPLICAS))
     return _with_members(m, g, g.voters, g.learners + (c.node_id,))
@@ -247,6 +252,7 @@ def _apply_remove_replica(m: SlotMap, c: RemoveReplica) -> SlotMap:
         raise SlotMapError("node %r does not replicate group %d" % (c.node_id, c.group_id))
     if c.node_id == g.preferred_leader:
         raise SlotMapError("node %d is group %d's preferred leader: move that first" % (c.node_id, c.group_id))
+    g = replace(g, left=tuple(sorted(g.left + (c.node_id,))))
     return _with_members(m, g, tuple(n for n in g.voters if n != c.node_id),
                          tuple(n for n in g.learners if n != c.node_id))
 

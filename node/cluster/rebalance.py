@@ -29,6 +29,8 @@ applies a PromoteLearner.
 """
 from __future__ import annotations
 
+import collections
+
 from collections import deque
 from typing import Optional
 
@@ -221,6 +223,36 @@ def plan_rebalance(slot_map: SlotMap) -> list:
     return plan.changes
 
 
+def replication_factor(m: SlotMap) -> int:
+    """The replica count most groups have (ties: the smaller): what a swap or a replacement
+    restores, so a plan re-made after a driver crashed half way knows a surplus replica."""
+    sizes = collections.Counter(len(g.replicas) for g in m.groups.values())
+    return min(sizes, key=lambda n: (-sizes[n], n)) if sizes else 0
+
+
+def _finish_swap(plan: "_Plan", gid: int, keep: int, size: int) -> None:
+    """Group gid got node `keep` in (a learner or a voter) but still holds more than `size`
+    replicas (a driver stopped between its AddLearner and its RemoveReplica): promote it and
+    remove the UP voters holding the most replicas (not `keep`) down to `size`."""
+    g = plan.map.groups[gid]
+    if keep in g.learners:
+        plan.add(PromoteLearner, group_id=gid, node_id=keep)
+    while len(plan.map.groups[gid].replicas) > size:
+        g = plan.map.groups[gid]
+        counts = replica_counts(plan.map)
+        donors = [n for n in g.voters if n != keep]
+        if not donors:
+            return
+        # As the swap picks it: the most replicas (a node not UP first), then the lowest id.
+        donor = min(donors, key=lambda n: (-counts.get(n, 1 << 30), n))
+        if g.preferred_leader == donor:
+            heir = _fewest(plan.map, leader_counts(plan.map), [n for n in g.voters if n != donor])
+            if heir is None:
+                return
+            plan.add(SetPreferredLeader, group_id=gid, node_id=heir)
+        plan.add(RemoveReplica, group_id=gid, node_id=donor)
+
+
 def _fewest(m: SlotMap, counts: dict, candidates) -> Optional[int]:
     return min(candidates, key=lambda n: (counts[n], n), default=None)
 
@@ -242,13 +274,19 @@ def plan_drain(slot_map: SlotMap, node_id: int) -> list:
             heir = _fewest(plan.map, leader_counts(plan.map), [n for n in g.voters if n in up])
             if heir is not None:
                 plan.add(SetPreferredLeader, group_id=gid, node_id=heir)
+    size = replication_factor(plan.map)
     for gid in plan.map.groups_of_node(node_id):
         g = plan.map.groups[gid]
         if node_id in g.voters:
-            spare = _fewest(plan.map, replica_counts(plan.map), sorted(up - set(g.replicas)))
-            if spare is not None:
-                plan.add(AddLearner, group_id=gid, node_id=spare)
-                plan.add(PromoteLearner, group_id=gid, node_id=spare)
+            waiting = [n for n in g.learners if n in up]
+            if waiting:                          # a replacement a crashed driver already added
+                for n in waiting:
+                    plan.add(PromoteLearner, group_id=gid, node_id=n)
+            elif len(g.replicas) <= size:        # (more: a replacement already promoted)
+                spare = _fewest(plan.map, replica_counts(plan.map), sorted(up - set(g.replicas) - set(g.left)))
+                if spare is not None:
+                    plan.add(AddLearner, group_id=gid, node_id=spare)
+                    plan.add(PromoteLearner, group_id=gid, node_id=spare)
             g = plan.map.groups[gid]
             if g.voters == (node_id,):
                 raise PlanError("group %d: node %d is its only voter and no UP node can replace it"
@@ -284,6 +322,10 @@ def plan_add_node(slot_map: SlotMap, node: NodeSpec) -> list:
     if existing is None:
         plan.add(AddNode, node=node)
     nid = node.node_id
+    size = replication_factor(plan.map)
+    for gid in plan.map.groups_of_node(nid):     # swaps a crashed driver left half done
+        if nid in plan.map.groups[gid].learners or len(plan.map.groups[gid].replicas) > size:
+            _finish_swap(plan, gid, nid, size)
     while True:
         counts = replica_counts(plan.map)
         swap = None
@@ -292,7 +334,7 @@ def plan_add_node(slot_map: SlotMap, node: NodeSpec) -> list:
                 break
             for gid in plan.map.groups_of_node(donor):
                 g = plan.map.groups[gid]
-                if donor in g.voters and nid not in g.replicas:
+                if donor in g.voters and nid not in g.replicas and nid not in g.left:
                     swap = (gid, donor)
                     break
             if swap:

@@ -16,7 +16,9 @@ a stale routing table from a fresh one.
 
     GroupSpec  voters (sorted node ids, non-empty), learners (sorted, disjoint from
                voters), preferred_leader (a voter: where placement wants its leader),
-               conf_version (the group's membership version; grows on each change)
+               conf_version (the group's membership version; grows on each change),
+               left (sorted node ids that left the group's Raft configuration: Raft never
+               takes an id back into a group, so no plan may put them back)
     NodeSpec   node_id, grpc "host:port", resp "host:port" ("" until known),
                state UP | DRAINING | REMOVED
 
@@ -80,6 +82,7 @@ class GroupSpec:
     preferred_leader: int            # Invariant: in voters
     learners: tuple = ()             # sorted node ids. Invariant: disjoint from voters
     conf_version: int = 0            # Invariant: >= 0
+    left: tuple = ()                 # sorted node ids once removed from it. Invariant: no replica, map nodes
 
     @property
     def replicas(self) -> tuple:
@@ -304,6 +307,9 @@ class SlotMap:
                 raise SlotMapError("group %d: preferred leader %d is not a voter" % (gid, g.preferred_leader))
             if g.conf_version < 0:
                 raise SlotMapError("group %d: conf_version < 0" % gid)
+            if list(g.left) != sorted(set(g.left)) or set(g.left) & set(g.voters + g.learners) or \
+                    any(n not in self.nodes for n in g.left):
+                raise SlotMapError("group %d: left must be sorted, distinct map nodes that are not replicas" % gid)
             missing = [r for r in g.voters + g.learners if r not in self.nodes]
             if missing:
                 raise SlotMapError("group %d names unknown nodes %s" % (gid, missing))
@@ -346,8 +352,10 @@ class SlotMap:
         return {
             "epoch": self.epoch,
             "slots": runs,
+            # "left" only when some node left: a map without departures encodes as before.
             "groups": [{"id": g.group_id, "voters": list(g.voters), "learners": list(g.learners),
                         "preferred_leader": g.preferred_leader, "conf_version": g.conf_version}
+                       | ({"left": list(g.left)} if g.left else {})
                        for g in sorted(self.groups.values(), key=lambda g: g.group_id)],
             "nodes": [node_to_json_obj(n) for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
         } | ({"migrations": [self.migrations[k].to_json_obj() for k in sorted(self.migrations)]}
@@ -372,7 +380,8 @@ class SlotMap:
             groups = {}
             for g in obj["groups"]:
                 spec = GroupSpec(_int(g["id"]), tuple(_int(v) for v in g["voters"]), _int(g["preferred_leader"]),
-                                 tuple(_int(v) for v in g["learners"]), _int(g["conf_version"]))
+                                 tuple(_int(v) for v in g["learners"]), _int(g["conf_version"]),
+                                 tuple(_int(v) for v in g.get("left", ())))
                 if spec.group_id in groups:
                     raise SlotMapError("group %d twice" % spec.group_id)
                 groups[spec.group_id] = spec

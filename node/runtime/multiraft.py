@@ -200,6 +200,21 @@ class MultiRaft:
         self.mark_dirty(g)  # the first Ready re-applies committed entries after the snapshot
         return g
 
+    async def remove_group(self, group_id: int) -> None:
+        """Stop driving a group this node no longer replicates (it is out of the group's
+        configuration): its callers are resolved as on shutdown, its storage synced and
+        closed. Deleting its directory is the caller's."""
+        g = self.groups.get(group_id)
+        if g is None:
+            return
+        if g.busy:
+            await g.wait_idle()
+        del self.groups[group_id]
+        self._dirty.pop(g, None)
+        g.closed = True               # pump() does nothing from here on
+        g.fail_outstanding("the group left this node")
+        await self.loop.run_in_executor(self.executor, g.close_storage)
+
     def group(self, group_id: int) -> GroupDriver:
         return self.groups[group_id]
 

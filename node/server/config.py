@@ -13,6 +13,9 @@
                [--groups 1]                             data Raft groups the 16384 slots are split over
                [--metrics HOST:PORT]                    Prometheus metrics at /metrics (server/metrics.py)
                [--move-timeout-s 60] [--pause-moves]     slot moves this node drives as metadata leader
+               [--join SEED_GRPC]                       a NEW node of a running cluster (instead of --peers):
+                                                        the map comes from the seed; it waits to be added
+                                                        (`xraftctl node add`); docs/sharding.md "Membership"
 
 TOML keys are the flag names without the dashes, `-` or `_` alike
 (`cluster-id` or `cluster_id`). `peers` / `resp-peers` take the flag's string
@@ -103,6 +106,8 @@ class NodeConfig:
     # metadata leader first seeing it is aborted; pause_moves: this node drives none.
     move_timeout_s: int = 60
     pause_moves: bool = False
+    # A node joining a running cluster: the seed's gRPC address (node_join.py); None: a founding node.
+    join: Optional[str] = None
 
     def addresses(self) -> dict:
         """node id -> NodeAddresses, for redirects and CLUSTER SLOTS. This
@@ -179,6 +184,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pause-moves", action="store_true", default=None,
                    help="while this node leads the metadata group it drives no slot move (a move waits "
                         "in the map until another leader drives it or an operator aborts it)")
+    p.add_argument("--join", metavar="SEED_GRPC",
+                   help="join a running cluster through this node (instead of --peers): fetch its slot map "
+                        "and wait to be added with `xraftctl node add`")
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default warning: quiet")
     p.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     return p
@@ -219,6 +227,9 @@ def load_toml(path: str) -> dict:
 
 
 def build(values: dict) -> NodeConfig:
+    if values.get("join") and values.get("peers") in (None, "", {}) and values.get("id") and values.get("grpc"):
+        # A joining node knows only itself; the others come from the seed's map (node_join.py).
+        values = {**values, "peers": {int(values["id"]): str(values["grpc"])}}
     missing = [n for n in _REQUIRED if values.get(n) in (None, "", {})]
     if missing:
         raise ConfigError("missing required setting(s): " + ", ".join("--" + n.replace("_", "-") for n in missing))
@@ -230,6 +241,10 @@ def build(values: dict) -> NodeConfig:
     v["data_dir"] = str(v["data_dir"])
     v["grpc"] = check_address(v["grpc"], "--grpc")
     v["resp"] = check_address(v["resp"], "--resp")
+    if v.get("join") is not None:
+        v["join"] = check_address(v["join"], "--join")
+        if v["initial_cluster_state"] == "new":
+            raise ConfigError("--join adds a node to a running cluster; --initial-cluster-state new founds one")
     if v.get("metrics") is not None:
         v["metrics"] = check_address(v["metrics"], "--metrics")
     v["peers"] = parse_peers(v["peers"], "--peers")

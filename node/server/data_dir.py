@@ -27,9 +27,9 @@ can lose that majority (Raft's amnesia). So:
     it only into empty storage); once it is cleared, a group dir without a WAL
     means the Raft data was lost, and the node refuses to start.
 
-A node that lost its disk must rejoin through a membership change (remove
-its id, add it back as a new member, which then learns everything from the
-leader's snapshot). Until the operator CLI for that exists, it stays down.
+A node that lost its disk must rejoin through a membership change: `xraftctl
+node remove` its id, then start it under a NEW id with --join and `xraftctl
+node add` it (node ids never return; docs/sharding.md "Membership").
 """
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def _lost_disk_message(cfg: NodeConfig, what: str) -> str:
     return (f"{what}. Starting it as one of the voters in --peers would let it vote with no log and "
             f"lose committed writes, so it does not start. If this is the first start of a NEW cluster, "
             f"start each founding node once with --initial-cluster-state new. If node {cfg.id} lost its "
-            f"disk, it must rejoin through a membership change (remove node {cfg.id}, then add it back as "
-            f"a new member; the operator CLI for that is not available yet). Starting it with "
+            f"disk, it must rejoin through a membership change under a new id: `xraftctl node remove --id "
+            f"{cfg.id}`, then start it with a new --id and --join SEED and run `xraftctl node add`. Starting it with "
             f"--initial-cluster-state new would not help: its peers remember its old incarnation and "
             f"refuse it")
 
@@ -141,6 +141,14 @@ def _identity(cfg: NodeConfig, group_dir: str) -> tuple[bytes, bool]:
         if _has_raft_data(group_dir):
             raise StartError(f"{group_dir} holds Raft data but {path} is missing: whose data is it? "
                              f"Refusing to guess; restore {IDENTITY_FILE} or move the directory away")
+        if cfg.join:
+            # A new node of a running cluster (node_join.py): it bootstraps nothing, every
+            # group's state comes from its leader.
+            incarnation = new_incarnation()
+            write_durably(path, _identity_doc(cfg, incarnation, False))
+            log.warning("node %d: new data dir %s, incarnation %s: joining through %s",
+                        cfg.id, cfg.data_dir, incarnation.hex(), cfg.join)
+            return incarnation, False
         if cfg.initial_cluster_state != "new":
             raise StartError(_lost_disk_message(
                 cfg, f"data dir {cfg.data_dir!r} holds no state of node {cfg.id} (no {IDENTITY_FILE}) and "
@@ -172,7 +180,7 @@ def _identity(cfg: NodeConfig, group_dir: str) -> tuple[bytes, bool]:
         incarnation = new_incarnation()
         write_durably(path, _identity_doc(cfg, incarnation, pending))
         log.warning("node %d: %s had no incarnation; drew %s", cfg.id, path, incarnation.hex())
-    if not pending and not _has_raft_data(group_dir):
+    if not pending and not cfg.join and not _has_raft_data(group_dir):
         raise StartError(_lost_disk_message(
             cfg, f"{group_dir} holds no Raft log although node {cfg.id} bootstrapped it: its Raft data "
                  f"was lost"))

@@ -186,7 +186,7 @@ def rpc_names() -> list:
 class XRaftService(pb_grpc.XRaftServicer):
     def __init__(self, backend, *, registry: BlockingRegistry | None = None, token: str | None = None,
                  grpc_address_of=None, info_server=None, client_memory: ClientMemory | None = None,
-                 layout=None, admin=None, slot_moves=None):
+                 layout=None, admin=None, slot_moves=None, membership=None):
         """`grpc_address_of(addr)`: the gRPC address of the node whose RESP
         address the backend names as leader (identity by default).
         `info_server`: the node's RespServer, whose figures INFO reports.
@@ -196,6 +196,7 @@ class XRaftService(pb_grpc.XRaftServicer):
         `slot_moves`: slot_move_steps.SlotMoveRpcs for SlotMoveStep (None: UNIMPLEMENTED)."""
         self.backend = backend
         self._slot_moves = slot_moves
+        self._membership = membership     # membership.MembershipRpcs for GroupMembership (None: UNIMPLEMENTED)
         self._layout = layout
         self._admin = admin
         # Node-wide bytes of client requests (client_memory.py): the RESP server's, when there is one.
@@ -715,6 +716,22 @@ class XRaftService(pb_grpc.XRaftServicer):
 
         async def body(call):
             return await self._slot_moves.step(request)
+        return await self._handle(request, context, body)
+
+    async def GroupMembership(self, request, context):
+        if self._membership is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no membership changes")
+
+        async def body(call):
+            return await self._membership.handle(request)
+        return await self._handle(request, context, body)
+
+    async def MembershipPlan(self, request, context):
+        if self._membership is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no membership changes")
+
+        async def body(call):
+            return self._membership.plan(request)
         return await self._handle(request, context, body)
 
     # -- streaming (grpc_streams.py) ----------------------------------------------------------

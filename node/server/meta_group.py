@@ -7,7 +7,9 @@
                        group 0 later than the others (a data dir from before the metadata
                        group) starts from the same first snapshot and is caught up by the
                        leader like a lagging member.
-    members            voters: the 3 lowest node ids of the founding map; learners: the others
+    members            voters: the 3 lowest node ids of the founding map; learners: the others;
+                       later the membership reconciler keeps 3 UP voters and every other node
+                       that is not REMOVED a learner (membership.py, meta_members_wanted)
 
 Every node, `--groups 1` included, runs one: the map's epoch and its migrations are read
 from it everywhere (a one-group cluster can have no move, its map changes only by operator
@@ -45,8 +47,14 @@ class MetaGroup:
         self.driver: Optional[GroupDriver] = None
         self._changed = asyncio.Event()
 
-    async def open(self, mr: MultiRaft, data_dir: str) -> None:
+    async def open(self, mr: MultiRaft, data_dir: str, bootstrap: bool = True) -> None:
+        """bootstrap=False (a node that joined an existing cluster, --join): an empty group 0
+        waits for the leader's snapshot. The founding snapshot is written only from an epoch-1
+        map, the one every founding node computes: any other map at index 1 would differ from
+        the other members' entry 1."""
         voters, learners = meta_members(self.founding)
+        if not bootstrap or self.founding.epoch != 1:
+            voters, learners = (), ()
         self.driver = await mr.add_group(META_GROUP_ID, data_dir, self.machine, bootstrap_voters=voters,
                                          bootstrap_learners=learners)
         # Added after the open: its snapshot restore ran in a thread, before any listener.

@@ -139,6 +139,26 @@ def failpoint(name: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+async def run_rounds(round_fn, meta: MetaApi, what: str, busy_pause_s: float = 0.0,
+                     idle_s: float = IDLE_WAIT_S) -> None:
+    """A reconciler's loop: round_fn() -> busy, forever. A round that raises is retried after
+    RETRY_S (the map says where to resume); an idle one waits for the next map (or idle_s);
+    a busy one goes on after busy_pause_s."""
+    while True:
+        try:
+            busy = await round_fn()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a step failed: the map says where to resume
+            log.info("%s failed (%r); retrying", what, exc)
+            await asyncio.sleep(RETRY_S)
+            continue
+        if not busy:
+            await meta.wait_change(idle_s)
+        elif busy_pause_s:
+            await asyncio.sleep(busy_pause_s)
+
+
 class MoveReconciler:
     def __init__(self, meta: MetaApi, steps: MoveSteps, *, move_timeout_s: float = MOVE_TIMEOUT_S,
                  clock=time.monotonic):
@@ -150,17 +170,7 @@ class MoveReconciler:
         self.rounds = 0
 
     async def run(self) -> None:
-        while True:
-            try:
-                busy = await self.round()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a step failed: the map says where to resume
-                log.info("slot move step failed (%r); retrying", exc)
-                await asyncio.sleep(RETRY_S)
-                continue
-            if not busy:
-                await self.meta.wait_change(IDLE_WAIT_S)
+        await run_rounds(self.round, self.meta, "slot move step")
 
     async def round(self) -> bool:
         """One step of every migration in the map. False when there was nothing to do."""

@@ -18,6 +18,9 @@
                                   (meta_group.py); every applied change re-routes the node
     MoveReconciler                on group 0's leader: drives the map's slot moves
                                   (move_reconciler.py)
+    MembershipFollower            the hosted groups, peers and addresses follow the map;
+    MembershipReconciler          on group 0's leader: the groups' Raft configurations follow
+                                  the map's members (membership.py); --join: node_join.py
 
 Start-up: validate everything (config, secret, TLS files, token) before
 touching the data dir; lock the data dir (a second process on the same
@@ -50,8 +53,10 @@ Exit codes: 0 clean stop, 2 bad configuration, 1 could not start
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import shutil
 import signal
 import sys
 from typing import Optional
@@ -74,16 +79,18 @@ from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
 from . import logging_setup
 from .admin_rpcs import AdminRpcs
-from .slot_move_steps import SlotMoveRpcs
+from .slot_move_steps import SlotMoveRpcs, tls_channels
 from .backend import Backend, split_address
 from .client_memory import ClientMemory
-from .config import ConfigError, NodeConfig, parse_args
+from .config import ConfigError, NodeAddresses, NodeConfig, parse_args
 from .data_dir import DataDir, StartError, open_data_dir
 from .grpc_service import XRaftService, rpc_names
 from .info import SERVER_COMMANDS
 from .leader_balance import LeaderBalancer
 from .metrics import Metrics, MetricsServer, NodeCollector
 from .meta_group import MetaGroup
+from .node_join import prepare_join
+from .membership import MembershipCalls, MembershipFollower, MembershipReconciler, MembershipRpcs, members_of
 from .move_reconciler import MoveReconciler, move_steps_factory
 from .raft_backend import RaftBackend
 from .request_stats import RequestStats
@@ -145,6 +152,11 @@ class Node:
         self.slot_moves: Optional[SlotMoveRpcs] = None
         self.reconciler: Optional[MoveReconciler] = None
         self._reconcile_task: Optional[asyncio.Task] = None
+        self.follower: Optional[MembershipFollower] = None
+        self.membership: Optional[MembershipReconciler] = None
+        self.membership_calls: Optional[MembershipCalls] = None
+        self._membership_tasks: list = []
+        self.peer_grpc: dict = {}                     # {node id: gRPC address} the transport dials
         self.backends: dict[int, RaftBackend] = {}    # every hosted group's, by group id
         self.balancer: Optional[LeaderBalancer] = None
         self._balance_task: Optional[asyncio.Task] = None
@@ -167,7 +179,10 @@ class Node:
     # -- start --------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.cfg
-        peers = {nid: a for nid, a in cfg.peers.items() if nid != cfg.id}
+        # The founding map's nodes too: a joined node (--join) knows the nodes only from it.
+        peers = {**members_of(self.founding), **cfg.peers}
+        peers = {nid: a for nid, a in peers.items() if nid != cfg.id}
+        self.peer_grpc = dict(peers)
         transport = GrpcTransport(cfg.id, cfg.cluster_id, self.secret, cfg.grpc, peers, tls=self.tls,
                                   advertise_address=cfg.peers[cfg.id], incarnation=self.data.incarnation,
                                   check_incarnation=self.data.peers.check)
@@ -175,40 +190,38 @@ class Node:
                          fsync_observer=self.metrics.observe_fsync if self.metrics else None)
         group = GroupOptions(election_tick=cfg.election_ticks, snapshot_entries=cfg.snapshot_entries,
                              storage=DiskStorageOptions(wal=wal))
+        self.transport = transport
         self.mr = MultiRaft(cfg.id, transport, MultiRaftOptions(tick_interval_s=cfg.tick_ms / 1000, group=group))
         addresses = cfg.addresses()
+        for nid, spec in self.founding.nodes.items():
+            addresses.setdefault(nid, NodeAddresses(spec.grpc, spec.resp or None))
+        self.addresses = addresses
         # Writes wait for a proposal to apply at most this long: enough for several
         # elections, short enough that a client hears UNKNOWN_OUTCOME and not silence.
         election_s = cfg.election_ticks * cfg.tick_ms / 1000
+        self._election_s = election_s
         # The groups first: recovery reads every WAL, and no listener should
         # accept clients before the state they would read exists.
         await self.mr.start()
-        await self.meta.open(self.mr, group_dir(cfg, 0))
+        await self.meta.open(self.mr, group_dir(cfg, 0), bootstrap=not cfg.join)
         self.layout = self.meta.slot_map
-        hosted = self.founding.groups_of_node(cfg.id)
-        if not hosted:
-            raise StartError(f"node {cfg.id} replicates no group of the slot map")
-        for gid in hosted:
-            spec = self.founding.groups[gid]
-            b = RaftBackend(cfg.id, addresses, propose_timeout_s=max(10.0, 4 * election_s),
-                            read_timeout_s=max(5.0, 2 * election_s),
-                            leader_ready_timeout_s=max(5.0, 2 * election_s),
-                            warm_up_retry_s=min(0.05, cfg.tick_ms / 1000),
-                            leader_settle_s=2 * election_s,
-                            peer_clock_skews=transport.peer_clock_skews,
-                            group_id=gid, owned=OwnedSlots.from_ranges(self.founding.ranges(gid)))
-            # Every handshake reads a peer's clock: replicated time stays within the group's (C6).
-            transport.add_clock_listener(b.cap_time_by_group)
-            b.add_failure_listener(lambda exc, gid=gid: self._on_group_failed(gid, exc))
-            b.add_role_listener(self._update_health)
-            # The group's voters are written only on a founding start (data_dir.py); otherwise
-            # its configuration comes from its own log and snapshot.
-            driver = await self.mr.add_group(gid, group_dir(cfg, gid), b.machine,
-                                             bootstrap_voters=spec.voters if self.data.bootstrap else ())
-            b.attach(driver)
-            self.backends[gid] = b
+        self.membership_calls = MembershipCalls(self, channel=tls_channels(self.tls))
+        self.follower = MembershipFollower(self, self.membership_calls)
+        self.follower.on_map(self.layout)            # peers added since the founding map
+        # The groups the map gives this node, and those it still holds on disk (it leaves them
+        # only once out of their Raft configuration: MembershipFollower).
+        hosted = set(self.layout.groups_of_node(cfg.id)) | {
+            gid for gid in self.layout.groups if os.path.isdir(group_dir(cfg, gid))}
+        for gid in sorted(hosted):
+            # The group's voters are written only on a founding start (data_dir.py), for the
+            # founding map's groups; otherwise its configuration comes from its own log and
+            # snapshot, or (a group joined later) from the leader's snapshot.
+            spec = self.founding.groups.get(gid)
+            member = spec is not None and cfg.id in spec.replicas
+            await self.open_data_group(gid, spec.voters if member and self.data.bootstrap else (),
+                                       founding_member=member)
         self.data.mark_bootstrapped()
-        if cfg.groups == 1:
+        if cfg.groups == 1 and not cfg.join and GROUP_ID in self.backends:
             self.backend = self.backends[GROUP_ID]    # exactly the one-group node of before
         else:
             self.backend = ShardedBackend(cfg.id, addresses, self.layout, self.backends)
@@ -225,7 +238,7 @@ class Node:
         self.slot_moves = SlotMoveRpcs(self.backends, self.layout, {nid: a.grpc for nid, a in addresses.items()})
         service = XRaftService(self.backend, token=self.token, grpc_address_of=grpc_of_resp.get,
                                info_server=self.resp, layout=self.layout_view, admin=self.admin,
-                               slot_moves=self.slot_moves)
+                               slot_moves=self.slot_moves, membership=MembershipRpcs(self))
         client_pb2_grpc.add_XRaftServicer_to_server(service, server)
         transport.add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -259,6 +272,11 @@ class Node:
             self._balance_task = asyncio.get_running_loop().create_task(self.balancer.run())
         self.meta.add_listener(self._on_map)
         self._on_map(self.meta.slot_map)         # anything applied since open()
+        loop = asyncio.get_running_loop()
+        self._membership_tasks = [loop.create_task(self.follower.run())]
+        if not cfg.pause_moves:
+            self.membership = MembershipReconciler(self, self.membership_calls)
+            self._membership_tasks.append(loop.create_task(self.membership.run()))
         if not cfg.pause_moves:
             self.reconciler = MoveReconciler(self.meta, move_steps_factory(self), move_timeout_s=cfg.move_timeout_s)
             self._reconcile_task = asyncio.get_running_loop().create_task(self.reconciler.run())
@@ -278,10 +296,64 @@ class Node:
         except OSError as exc:
             raise StartError(f"cannot listen on --metrics {self.cfg.metrics}: {exc}") from None
 
+    async def open_data_group(self, gid: int, bootstrap: tuple = (), founding_member: bool = False) -> RaftBackend:
+        """Start replicating data group `gid` (its dir's state, else empty; `bootstrap`: the
+        founding voters, written only into an empty dir)."""
+        cfg, election_s = self.cfg, self._election_s
+        # A replica added later owns nothing until its leader's snapshot says what it owns; a
+        # founding one starts from the founding ranges (its own snapshot and log then apply).
+        owned = self.founding.ranges(gid) if founding_member else ()
+        b = RaftBackend(cfg.id, self.addresses, propose_timeout_s=max(10.0, 4 * election_s),
+                        read_timeout_s=max(5.0, 2 * election_s),
+                        leader_ready_timeout_s=max(5.0, 2 * election_s),
+                        warm_up_retry_s=min(0.05, cfg.tick_ms / 1000),
+                        leader_settle_s=2 * election_s,
+                        peer_clock_skews=self.transport.peer_clock_skews,
+                        group_id=gid, owned=OwnedSlots.from_ranges(owned))
+        # Every handshake reads a peer's clock: replicated time stays within the group's (C6).
+        self.transport.add_clock_listener(b.cap_time_by_group)
+        b.add_failure_listener(lambda exc, gid=gid: self._on_group_failed(gid, exc))
+        b.add_role_listener(self._update_health)
+        driver = await self.mr.add_group(gid, group_dir(cfg, gid), b.machine, bootstrap_voters=bootstrap)
+        b.attach(driver)
+        self.backends[gid] = b
+        if isinstance(self.backend, ShardedBackend):
+            self.backend.add_group(gid, b)
+        return b
+
+    async def close_data_group(self, gid: int) -> None:
+        """This node is out of group `gid`'s configuration: stop it and delete its data."""
+        b = self.backends.pop(gid, None)
+        if b is None:
+            return
+        if isinstance(self.backend, ShardedBackend):
+            self.backend.remove_group(gid)
+        await b.close()
+        await self.mr.remove_group(gid)
+        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, group_dir(self.cfg, gid), True)
+        self._update_health()
+
+    def learn_address(self, nid: int, a: NodeAddresses) -> None:
+        """A node of the map (MembershipFollower): its addresses for redirects and RPCs."""
+        if nid == self.cfg.id:
+            return
+        if getattr(self, "addresses", None) is not None:
+            self.addresses[nid] = a
+        for b in self.backends.values():
+            b.addresses[nid] = a
+        if isinstance(self.backend, ShardedBackend):
+            self.backend.addresses = {**self.backend.addresses, nid: a}
+        if self.admin is not None:
+            self.admin._grpc_of_node[nid] = a.grpc
+        if self.slot_moves is not None:
+            self.slot_moves.grpc_of_node[nid] = a.grpc
+
     def _on_map(self, slot_map: SlotMap) -> None:
-        """A newer map applied by group 0: route by it everywhere (the hosted data groups do
-        not change: membership changes are not built)."""
+        """A newer map applied by group 0: route by it everywhere; the groups, peers and
+        addresses follow it (MembershipFollower)."""
         self.layout = slot_map
+        if self.follower is not None:
+            self.follower.on_map(slot_map)
         if isinstance(self.backend, ShardedBackend):
             self.backend.set_map(slot_map)
         if self.admin is not None:
@@ -332,6 +404,12 @@ class Node:
             await self._set_health(False)
         if self._balance_task is not None:
             self._balance_task.cancel()
+        for t in self._membership_tasks:
+            t.cancel()
+        if self._membership_tasks:
+            await asyncio.gather(*self._membership_tasks, return_exceptions=True)
+        if self.membership_calls is not None:
+            await self.membership_calls.close()
         if self._reconcile_task is not None:
             self._reconcile_task.cancel()
             await asyncio.gather(self._reconcile_task, return_exceptions=True)
@@ -393,9 +471,14 @@ class Node:
 
 
 async def run(cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: Optional[str]) -> int:
+    joined = None
+    if cfg.join:
+        cfg, joined = await prepare_join(cfg, tls, token)
     data = open_data_dir(cfg, group_dir(cfg))
     try:
-        layout = load_slot_map(cfg, data.bootstrap)
+        layout = load_slot_map(cfg, data.bootstrap, joined=joined)
+        if cfg.join and len(layout.groups) != cfg.groups:
+            cfg = dataclasses.replace(cfg, groups=len(layout.groups))
     except StartError:
         data.close()
         raise

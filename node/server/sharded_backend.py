@@ -45,6 +45,7 @@ result is turned here into a MOVED to the leader of the slot's group now.
 from __future__ import annotations
 
 import asyncio
+import time
 import dataclasses
 from typing import Callable, Optional, Sequence
 
@@ -83,7 +84,7 @@ def _frozen(result) -> bool:
 class ShardedBackend(Backend):
     def __init__(self, raft_id: int, addresses: dict, slot_map: SlotMap, groups: dict):
         """`groups`: {group id: RaftBackend} of every group this node hosts (attached)."""
-        invariant(groups and all(g in slot_map.groups for g in groups), "hosted groups are in the map")
+        invariant(all(g in slot_map.groups for g in groups), "hosted groups are in the map")
         self.raft_id = raft_id
         self.addresses = addresses            # node id -> NodeAddresses (config.py)
         self.groups: dict[int, RaftBackend] = dict(sorted(groups.items()))
@@ -92,6 +93,16 @@ class ShardedBackend(Backend):
         self.set_map(slot_map)
         own = addresses[raft_id].resp
         self.node_id = cluster_node_id(own) if own else ""
+
+    def add_group(self, group_id: int, backend: RaftBackend) -> None:
+        """A group this node started replicating (membership: the map lists it now)."""
+        self.groups = dict(sorted({**self.groups, group_id: backend}.items()))
+        for callback in getattr(self, "_role_listeners", ()):
+            backend.add_role_listener(callback)
+
+    def remove_group(self, group_id: int) -> None:
+        """A group this node left: its slots are redirected like any other group's."""
+        self.groups = {g: b for g, b in self.groups.items() if g != group_id}
 
     # -- the map -----------------------------------------------------------------------------
     def set_map(self, slot_map: SlotMap) -> None:
@@ -330,10 +341,13 @@ class ShardedBackend(Backend):
             b.add_ready_listener(callback)
 
     def add_role_listener(self, callback: Callable[[], None]) -> None:
+        self._role_listeners = getattr(self, "_role_listeners", []) + [callback]   # groups added later too
         for b in self.groups.values():
             b.add_role_listener(callback)
 
     def now_ms(self) -> int:
+        if not self.groups:               # hosts no group yet: the local clock
+            return int(time.time() * 1000)
         return next(iter(self.groups.values())).now_ms()
 
     def is_leader(self) -> bool:
@@ -358,7 +372,12 @@ class ShardedBackend(Backend):
     def advertise(self, host: str, port: int) -> None:
         for b in self.groups.values():
             b.advertise(host, port)
-        a = next(iter(self.groups.values())).addresses[self.raft_id]     # with the RESP port bound
+        if not self.groups:               # a node that hosts no group yet (joined, not added)
+            a = self.addresses[self.raft_id]
+            if a.resp is None:
+                a = type(a)(a.grpc, "%s:%d" % (host, port))
+        else:
+            a = next(iter(self.groups.values())).addresses[self.raft_id]     # with the RESP port bound
         self.addresses = {**self.addresses, self.raft_id: a}
         if a.resp:
             self.node_id = cluster_node_id(a.resp)
@@ -368,7 +387,8 @@ class ShardedBackend(Backend):
         key versions); without keys, the lowest hosted group's."""
         slot = self._slot_of_keys(keys) if keys else None
         b = self.groups.get(self.group_of_slot(slot)) if slot is not None else None
-        return (b or next(iter(self.groups.values()))).sm.applied_index
+        b = b or next(iter(self.groups.values()), None)
+        return b.sm.applied_index if b is not None else 0
 
     def shards(self) -> list:
         """One Shard per group of the map, every slot covered: a hosted group as its replica
@@ -428,5 +448,6 @@ class ShardedBackend(Backend):
 
     def engine_config(self) -> EngineConfig:
         led = self.led()
-        return (led[0] if led else next(iter(self.groups.values()))).sm.keyspace.config
+        b = led[0] if led else next(iter(self.groups.values()), None)
+        return b.sm.keyspace.config if b is not None else EngineConfig()
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 from ..cluster.placement import DEFAULT_REPLICAS, initial_layout
 from ..cluster.slot_map import MAX_ENCODED_BYTES, NodeSpec, SlotMap, SlotMapError
@@ -42,13 +42,20 @@ def slot_map_path(cfg: NodeConfig) -> str:
 
 
 def load_slot_map(cfg: NodeConfig, bootstrap: bool,
-                  crash_hook: Callable[[str], None] = lambda step: None) -> SlotMap:
-    """The map this node serves (module doc). Raises StartError."""
+                  crash_hook: Callable[[str], None] = lambda step: None, joined: Optional[SlotMap] = None) -> SlotMap:
+    """The map this node serves (module doc). Raises StartError. `joined`: the seed's map of
+    a node started with --join (node_join.py), its founding record on the first start."""
     path = slot_map_path(cfg)
     try:
         raw = read_small_file(path, MAX_ENCODED_BYTES)
     except (OSError, ValueError) as exc:
         raise StartError(f"cannot read {path}: {exc}") from None
+    if raw is None and joined is not None:
+        try:
+            write_durably(path, joined.encode(), crash_hook)
+        except OSError as exc:
+            raise StartError(f"cannot write {path}: {exc}") from None
+        return joined
     if raw is None:
         if bootstrap:
             layout = founding_layout(cfg)
@@ -66,10 +73,10 @@ def load_slot_map(cfg: NodeConfig, bootstrap: bool,
     except SlotMapError as exc:
         raise StartError(f"{path} is not a valid slot map ({exc}); refusing to guess which slots "
                          f"this node serves") from None
-    if len(layout.groups) != cfg.groups:
+    if len(layout.groups) != cfg.groups and not cfg.join:
         raise StartError(f"--groups {cfg.groups}, but this cluster was founded with {len(layout.groups)} "
                          f"group(s) ({path}); the slots cannot be re-split by a flag: start it with "
                          f"--groups {len(layout.groups)}")
-    if cfg.id not in layout.nodes:
+    if cfg.id not in layout.nodes and not cfg.join:
         raise StartError(f"node {cfg.id} is not in the slot map {path} (nodes {sorted(layout.nodes)})")
     return layout

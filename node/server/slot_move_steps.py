@@ -192,6 +192,13 @@ class MoveSteps:
     async def _call(self, op: str, group: int, m: MoveId, **fields) -> pb.SlotMoveStepResponse:
         req = pb.SlotMoveStepRequest(op=op, group_id=group, first=m.first, last=m.last,
                                      started_epoch=m.started_epoch, **fields)
+        return await self.call_leader("SlotMoveStep", group, req, op)
+
+    async def call_leader(self, rpc: str, group: int, req, what: str):
+        """`rpc` (a method whose response has refused / leader_grpc / unavailable, as
+        SlotMoveStep's) on `group`'s leader, following redirects and retrying until the step
+        deadline (the class doc); `what` names the call in errors."""
+        op = what
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.step_timeout_s
         candidates = list(self._voters(group))
@@ -199,7 +206,7 @@ class MoveSteps:
         attempt, why = 0, ""
         while True:
             try:
-                resp = await self._stub(target).SlotMoveStep(
+                resp = await getattr(self._stub(target), rpc)(
                     req, metadata=self._metadata, timeout=min(RPC_TIMEOUT_S, max(0.1, deadline - loop.time())))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
