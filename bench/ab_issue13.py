@@ -1,0 +1,115 @@
+"""A/B runs of issue 13's two bench targets on ONE cluster each, the order alternating
+per round, so a loaded machine's swings hit both sides alike (bench/README.md,
+"Session 7: IDMP and cross-shard consume, A/B"):
+
+  idmp:       3 nodes, 1 group, fsync=always: xadd_batch(100) x 8 in flight, plain
+              (idempotent_producer=False) against the SDK's IDMP producer, `--seconds` each.
+  crossshard: 3 nodes, 6 groups, fsync=always: `--entries` entries read and acked by ONE
+              consume() over six streams in six groups, against the same number read from
+              one stream (one group) by one Consume session; fresh streams every round.
+
+    python bench/ab_issue13.py idmp [--rounds 4] [--seconds 4]
+    python bench/ab_issue13.py crossshard [--rounds 3] [--entries 30000]
+    (both: [--dir DIR], a work directory that must not exist; default a temporary one)
+
+Prints one line per round (both figures side by side, the ratio) and the summed ratio.
+"""
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import time
+
+import uvloop
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster as bc  # noqa: E402  (bench/cluster.py: the phases measured here)
+
+from xraft.ops import local_cluster as lc  # noqa: E402
+
+
+def idmp(args, dir_: str) -> None:
+    cluster = lc.up(dir_, nodes=3, fsync="always")
+    try:
+        bc.wait_leader(cluster)
+        seeds = [n.grpc for n in cluster.nodes]
+        sums = {False: 0.0, True: 0.0}
+        for r in range(args.rounds):
+            got = {}
+            for idempotent in ((False, True) if r % 2 == 0 else (True, False)):
+                key = ("idmp",) if idempotent else ("batch",)
+                got[idempotent] = uvloop.run(bc.sdk_batch(seeds, args.seconds, key, idempotent=idempotent))
+                sums[idempotent] += got[idempotent]
+            print(f"round {r + 1}: plain {got[False]:,.0f}/s  IDMP {got[True]:,.0f}/s  "
+                  f"ratio {got[True] / got[False]:.2f}  (load {bc.load_avg():.1f})", flush=True)
+        print(f"summed: plain {sums[False]:,.0f}  IDMP {sums[True]:,.0f}  ratio {sums[True] / sums[False]:.2f}")
+    finally:
+        lc.down(dir_)
+
+
+async def _fresh_streams(seeds, layout, round_no: int) -> tuple:
+    """Six keys, one per group, new this round (no entries, no group yet)."""
+    keys = []
+    for group in sorted(layout.groups, key=lambda g: g.id):
+        first, last = group.slots[0]
+        n = 0
+        while not first <= bc.key_slot(b"r%d-%d" % (round_no, n)) <= last:
+            n += 1
+        keys.append(f"r{round_no}-{n}")
+    return tuple(keys)
+
+
+def crossshard(args, dir_: str) -> None:
+    cluster = lc.up(dir_, nodes=3, fsync="always", groups=bc.SHARDED_GROUPS)
+    try:
+        layout = bc.layout_of(cluster)
+        bc.wait_balanced(cluster, layout)
+        seeds = [n.grpc for n in cluster.nodes]
+        sums = {"single": 0.0, "cross": 0.0}
+        for r in range(args.rounds):
+            keys = uvloop.run(_fresh_streams(seeds, layout, r))
+            per_key = args.entries // len(keys)
+            single_key = f"single-{r}"
+            uvloop.run(bc._preload_all(seeds, keys, per_key))
+            uvloop.run(bc.sdk_preload(seeds, single_key, per_key * len(keys)))
+            got = {}
+            for side in (("single", "cross") if r % 2 == 0 else ("cross", "single")):
+                if side == "single":
+                    got[side] = uvloop.run(bc.sdk_consume(seeds, single_key, per_key * len(keys)))["rate"]
+                else:
+                    got[side] = uvloop.run(asyncio.wait_for(bc.crossshard_consume(seeds, keys, per_key),
+                                                            bc.CROSSSHARD_LIMIT_S))
+                sums[side] += got[side]
+            print(f"round {r + 1}: single-stream Consume {got['single']:,.0f}/s  cross-shard consume() "
+                  f"{got['cross']:,.0f}/s  ratio {got['cross'] / got['single']:.2f}  (load {bc.load_avg():.1f})",
+                  flush=True)
+        print(f"summed: single {sums['single']:,.0f}  cross {sums['cross']:,.0f}  "
+              f"ratio {sums['cross'] / sums['single']:.2f}")
+    finally:
+        lc.down(dir_)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("which", choices=("idmp", "crossshard"))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--entries", type=int, default=30_000)
+    ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one); "
+                                  "the cluster lives in DIR/cluster")
+    args = ap.parse_args()
+    if not (1 <= args.rounds <= 20 and 0 < args.seconds <= 60 and 600 <= args.entries <= 1_000_000):
+        ap.error("--rounds 1..20, --seconds (0, 60], --entries 600..1,000,000")
+    tmp = bc.work_dir(args.dir, "xraft-ab-")
+    try:
+        t = time.perf_counter()
+        (idmp if args.which == "idmp" else crossshard)(args, os.path.join(tmp, "cluster"))
+        print(f"({time.perf_counter() - t:.0f} s)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
