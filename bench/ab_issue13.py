@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import statistics
 import sys
 import time
 
@@ -29,20 +30,40 @@ import cluster as bc  # noqa: E402  (bench/cluster.py: the phases measured here)
 from xraft.ops import local_cluster as lc  # noqa: E402
 
 
+def _measured(pids: dict, run) -> tuple:
+    """(run()'s entries/s, the CPU microseconds per entry of the nodes and this client
+    together). On a loaded 2-core machine the CPU per entry moves far less than the
+    wall-clock rate: other processes take wall time, not this work's CPU."""
+    t0 = time.perf_counter()
+    with bc.CpuMeter(pids) as m:
+        rate = run()
+    wall = time.perf_counter() - t0
+    cpu_s = sum(m.pct.values()) * wall / 100
+    return rate, 1e6 * cpu_s / max(1.0, rate * wall)
+
+
 def idmp(args, dir_: str) -> None:
     cluster = lc.up(dir_, nodes=3, fsync="always")
     try:
         bc.wait_leader(cluster)
         seeds = [n.grpc for n in cluster.nodes]
+        pids = bc.cluster_pids(cluster)
         sums = {False: 0.0, True: 0.0}
+        cpu = {False: [], True: []}
         for r in range(args.rounds):
             got = {}
             for idempotent in ((False, True) if r % 2 == 0 else (True, False)):
                 key = ("idmp",) if idempotent else ("batch",)
-                got[idempotent] = uvloop.run(bc.sdk_batch(seeds, args.seconds, key, idempotent=idempotent))
+                got[idempotent], us = _measured(pids, lambda: uvloop.run(
+                    bc.sdk_batch(seeds, args.seconds, key, idempotent=idempotent)))
                 sums[idempotent] += got[idempotent]
+                cpu[idempotent].append(us)
             print(f"round {r + 1}: plain {got[False]:,.0f}/s  IDMP {got[True]:,.0f}/s  "
-                  f"ratio {got[True] / got[False]:.2f}  (load {bc.load_avg():.1f})", flush=True)
+                  f"ratio {got[True] / got[False]:.2f}  | CPU us/entry plain {cpu[False][-1]:.0f} "
+                  f"IDMP {cpu[True][-1]:.0f}  (load {bc.load_avg():.1f})", flush=True)
+        print(f"CPU per entry, median of rounds: plain {statistics.median(cpu[False]):.0f} us, "
+              f"IDMP {statistics.median(cpu[True]):.0f} us: plain/IDMP "
+              f"{statistics.median(cpu[False]) / statistics.median(cpu[True]):.2f}")
         print(f"summed: plain {sums[False]:,.0f}  IDMP {sums[True]:,.0f}  ratio {sums[True] / sums[False]:.2f}")
     finally:
         lc.down(dir_)
@@ -66,6 +87,7 @@ def crossshard(args, dir_: str) -> None:
         layout = bc.layout_of(cluster)
         bc.wait_balanced(cluster, layout)
         seeds = [n.grpc for n in cluster.nodes]
+        pids = bc.cluster_pids(cluster)
         sums = {"single": 0.0, "cross": 0.0}
         for r in range(args.rounds):
             keys = uvloop.run(_fresh_streams(seeds, layout, r))
@@ -73,17 +95,18 @@ def crossshard(args, dir_: str) -> None:
             single_key = f"single-{r}"
             uvloop.run(bc._preload_all(seeds, keys, per_key))
             uvloop.run(bc.sdk_preload(seeds, single_key, per_key * len(keys)))
-            got = {}
+            got, us = {}, {}
             for side in (("single", "cross") if r % 2 == 0 else ("cross", "single")):
                 if side == "single":
-                    got[side] = uvloop.run(bc.sdk_consume(seeds, single_key, per_key * len(keys)))["rate"]
+                    got[side], us[side] = _measured(pids, lambda: uvloop.run(
+                        bc.sdk_consume(seeds, single_key, per_key * len(keys)))["rate"])
                 else:
-                    got[side] = uvloop.run(asyncio.wait_for(bc.crossshard_consume(seeds, keys, per_key),
-                                                            bc.CROSSSHARD_LIMIT_S))
+                    got[side], us[side] = _measured(pids, lambda: uvloop.run(
+                        asyncio.wait_for(bc.crossshard_consume(seeds, keys, per_key), bc.CROSSSHARD_LIMIT_S)))
                 sums[side] += got[side]
             print(f"round {r + 1}: single-stream Consume {got['single']:,.0f}/s  cross-shard consume() "
-                  f"{got['cross']:,.0f}/s  ratio {got['cross'] / got['single']:.2f}  (load {bc.load_avg():.1f})",
-                  flush=True)
+                  f"{got['cross']:,.0f}/s  ratio {got['cross'] / got['single']:.2f}  | CPU us/entry single "
+                  f"{us['single']:.0f} cross {us['cross']:.0f}  (load {bc.load_avg():.1f})", flush=True)
         print(f"summed: single {sums['single']:,.0f}  cross {sums['cross']:,.0f}  "
               f"ratio {sums['cross'] / sums['single']:.2f}")
     finally:
