@@ -30,16 +30,19 @@ import cluster as bc  # noqa: E402  (bench/cluster.py: the phases measured here)
 from xraft.ops import local_cluster as lc  # noqa: E402
 
 
-def _measured(pids: dict, run) -> tuple:
+def _measured(pids: dict, run, split: list | None = None) -> tuple:
     """(run()'s entries/s, the CPU microseconds per entry of the nodes and this client
-    together). On a loaded 2-core machine the CPU per entry moves far less than the
-    wall-clock rate: other processes take wall time, not this work's CPU."""
+    together). On a loaded 2-core machine the CPU per entry moves less than the
+    wall-clock rate: other processes take wall time, not this work's CPU. `split`
+    gets {process: CPU us per entry} appended."""
     t0 = time.perf_counter()
     with bc.CpuMeter(pids) as m:
         rate = run()
     wall = time.perf_counter() - t0
-    cpu_s = sum(m.pct.values()) * wall / 100
-    return rate, 1e6 * cpu_s / max(1.0, rate * wall)
+    entries = max(1.0, rate * wall)
+    if split is not None:
+        split.append({name: 1e4 * pct * wall / entries for name, pct in m.pct.items()})
+    return rate, 1e4 * sum(m.pct.values()) * wall / entries
 
 
 def idmp(args, dir_: str) -> None:
@@ -50,12 +53,13 @@ def idmp(args, dir_: str) -> None:
         pids = bc.cluster_pids(cluster)
         sums = {False: 0.0, True: 0.0}
         cpu = {False: [], True: []}
+        split = {False: [], True: []}
         for r in range(args.rounds):
             got = {}
             for idempotent in ((False, True) if r % 2 == 0 else (True, False)):
                 key = ("idmp",) if idempotent else ("batch",)
                 got[idempotent], us = _measured(pids, lambda: uvloop.run(
-                    bc.sdk_batch(seeds, args.seconds, key, idempotent=idempotent)))
+                    bc.sdk_batch(seeds, args.seconds, key, idempotent=idempotent)), split[idempotent])
                 sums[idempotent] += got[idempotent]
                 cpu[idempotent].append(us)
             print(f"round {r + 1}: plain {got[False]:,.0f}/s  IDMP {got[True]:,.0f}/s  "
@@ -64,6 +68,9 @@ def idmp(args, dir_: str) -> None:
         print(f"CPU per entry, median of rounds: plain {statistics.median(cpu[False]):.0f} us, "
               f"IDMP {statistics.median(cpu[True]):.0f} us: plain/IDMP "
               f"{statistics.median(cpu[False]) / statistics.median(cpu[True]):.2f}")
+        for side in (False, True):
+            print(("IDMP " if side else "plain") + " CPU us/entry per process (median): " + ", ".join(
+                f"{name} {statistics.median(s[name] for s in split[side]):.1f}" for name in split[side][0]))
         print(f"summed: plain {sums[False]:,.0f}  IDMP {sums[True]:,.0f}  ratio {sums[True] / sums[False]:.2f}")
     finally:
         lc.down(dir_)
