@@ -369,9 +369,7 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
                 if not expired:
                     state.expire(now_ms)
                     expired = True
-                    pids = state.producers
-                if chunk is None:
-                    recorded = pids.get(idmp_pid)      # recording creates it: looked up again then
+                    recorded = state.producers.get(idmp_pid)   # recording makes it if None
                 if recorded is not None:
                     dup = recorded.get(iid)
                     if dup is not None:
@@ -398,10 +396,10 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
             if chunk is None:                       # one queue chunk for the batch's pairs
                 if state is None:
                     state = idmp_of(target, True)
-                    expired, pids = True, state.producers   # nothing to expire in a new table
+                    expired = True                  # nothing to expire in a new table
                 chunk = state.new_chunk(idmp_pid, now_ms)
-            state.record_in(chunk, iid, sid)
-            recorded = pids.get(idmp_pid)
+                recorded = state.producer_ids(idmp_pid)
+            state.record_in(chunk, recorded, iid, sid)
         if trim is not None:
             trim(*trim_args)
         add(b"%d-%d" % (ms, seq))

@@ -64,11 +64,11 @@ _SHORT_IID = 16                   # ids shorter than this are kept as themselves
 _PADS = tuple(b"\x00" * (15 - n) + bytes((n,)) for n in range(_SHORT_IID))
 
 
-def manual_iid(iid: bytes) -> bytes:
+def manual_iid(iid: bytes, _pads=_PADS) -> bytes:
     """The 16-byte key of IDMP's idempotent id (module doc)."""
     n = len(iid)
     if n < _SHORT_IID:
-        return iid + _PADS[n]
+        return iid + _pads[n]
     return hashlib.blake2b(_IID_MANUAL + iid, digest_size=16).digest()
 
 
@@ -185,7 +185,8 @@ class IdmpState:
         """Remember that (pid, iid) added `sid` at now_ms (a pair lookup did not
         find); evict the producer's oldest beyond maxsize and the stream's
         oldest beyond MAX_TRACKED_IIDS."""
-        self.record_in(self.new_chunk(pid, now_ms), iid, sid)
+        chunk = self.new_chunk(pid, now_ms)
+        self.record_in(chunk, self.producer_ids(pid), iid, sid)
 
     def new_chunk(self, pid: bytes, now_ms: int) -> _Chunk:
         """An empty chunk at the queue's tail, for pairs of `pid` recorded at now_ms."""
@@ -193,12 +194,18 @@ class IdmpState:
         self.queue.append(chunk)
         return chunk
 
-    def record_in(self, chunk: _Chunk, iid: bytes, sid: StreamID) -> None:
-        """record() into `chunk` (new_chunk's, the newest in the queue)."""
-        pid = chunk.pid
+    def producer_ids(self, pid: bytes) -> OrderedDict:
+        """pid's dict, made empty if pid has none: record_in must put a pair in it at once."""
         ids = self.producers.get(pid)
         if ids is None:
             ids = self.producers[pid] = OrderedDict()
+        return ids
+
+    def record_in(self, chunk: _Chunk, ids: OrderedDict, iid: bytes, sid: StreamID) -> None:
+        """record() into `chunk` (new_chunk's, the newest in the queue) and
+        `ids`, its producer's dict (producer_ids'). `ids` stays the producer's
+        dict afterwards: the evictions below take oldest pairs first and never
+        the one just recorded (maxsize and MAX_TRACKED_IIDS are >= 1)."""
         ids[iid] = (sid, chunk)
         chunk.keys.append(iid)
         chunk.live += 1
