@@ -20,16 +20,14 @@ import signal
 
 from tests.cluster.conftest import cluster_factory  # noqa: F401 - a fixture
 from tests.cluster.test_crossshard_dlq import leader_of_group, retrying, run
-from tests.cluster.test_crossshard_slot_move import _one_stream_per_group
-from tests.cluster.test_slot_move import GROUPS, Restarter, _move, _owner, _start
+from tests.cluster.test_crossshard_slot_move import (drain, group_and_entries, half_confirmed, produce,
+                                                     streams_and_move)
+from tests.cluster.test_slot_move import Restarter, _move, _owner, _start
 from tests.cluster.sharded_util import wait_settled
 from xraft.client.aio import Client
-from xraft.client.slots import key_slot
 
 PER_STREAM_BEFORE = 150
-PRODUCER_PAUSE_S = 0.01
 ACKS_IN_FLIGHT = 16
-DRAIN_TIMEOUT_S = 120
 FAILPOINT = "after_seal_1"
 
 
@@ -56,20 +54,13 @@ def _arm_source_leader(cluster, source: int):
 def test_crossshard_consume_across_a_slot_move_with_the_source_leader_killed(cluster_factory,  # noqa: F811
                                                                              tmp_path_factory):
     cluster = _start(cluster_factory, tmp_path_factory)
-    by_group = _one_stream_per_group(cluster)
-    keys = list(by_group.values())
-    source = next(iter(by_group))
-    moving = by_group[source]
-    slot = key_slot(moving)
-    target = source % GROUPS + 1
+    keys, source, _, slot, target = streams_and_move(cluster)
     armed = _arm_source_leader(cluster, source)
     armed_proc = armed.proc                      # the Restarter replaces armed.proc
 
     async def body():
         async with Client([n.grpc for n in cluster.nodes.values()], timeout=30) as client:
-            for k in keys:
-                await client.xgroup_create(k, "g", "0", mkstream=True)
-                await client.xadd_batch(k, [{"n": str(i)} for i in range(PER_STREAM_BEFORE)], raise_errors=True)
+            await group_and_entries(client, keys, PER_STREAM_BEFORE)
             delivered = {k: [] for k in keys}       # every delivery, in order
             confirmed = set()
             moved = asyncio.Event()
@@ -92,24 +83,14 @@ def test_crossshard_consume_across_a_slot_move_with_the_source_leader_killed(clu
                     acking.add(t)
                     t.add_done_callback(acking.discard)
 
-            async def produce(key):
-                # Writes all through the move and the kill (MOVED/TRYAGAIN/failover are
-                # retried by the SDK or by `retrying`); a few after the move.
-                after = 0
-                while after < 10:
-                    await retrying(client.xadd, key, {"n": "during"})
-                    if armed_proc.poll() is not None:          # the armed process died (SIGKILL)
-                        written_after_kill[key] += 1
-                    if moved.is_set():
-                        after += 1
-                    await asyncio.sleep(PRODUCER_PAUSE_S)
+            def after_kill(key):
+                if armed_proc.poll() is not None:          # the armed process died (SIGKILL)
+                    written_after_kill[key] += 1
 
             async with client.consume(keys, "g", "c1", max_batch=8, max_unacked=64) as session:
                 consumer = asyncio.ensure_future(consume(session))
-                producers = [asyncio.ensure_future(produce(k)) for k in keys]
-                while len(confirmed) < len(keys) * PER_STREAM_BEFORE // 2:      # the move starts mid-way
-                    assert not consumer.done(), consumer
-                    await asyncio.sleep(0.05)
+                producers = [asyncio.ensure_future(produce(client, k, moved, after_kill)) for k in keys]
+                await half_confirmed(consumer, confirmed, len(keys) * PER_STREAM_BEFORE)
                 watcher = Restarter(cluster)
                 watcher.start()
                 try:
@@ -122,17 +103,7 @@ def test_crossshard_consume_across_a_slot_move_with_the_source_leader_killed(clu
                 assert watcher.error is None, watcher.error
                 for p in producers:
                     p.result()
-                want = set()
-                for k in keys:
-                    want |= {(k, e.id) for e in await retrying(client.xrange, k)}
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + DRAIN_TIMEOUT_S
-                while not want <= confirmed:
-                    assert not consumer.done(), consumer
-                    assert loop.time() < deadline, sorted(want - confirmed)[:5]
-                    await asyncio.sleep(0.05)
-                consumer.cancel()
-                await asyncio.gather(consumer, return_exceptions=True)
+                want = await drain(client, keys, consumer, confirmed)
                 await asyncio.gather(*acking)
             assert armed_proc.returncode == -signal.SIGKILL and watcher.restarts >= 1
             assert f"failpoint {FAILPOINT}" in armed.log_text(since_start=False)
