@@ -93,10 +93,11 @@ def check_producer(pid: bytes, auto: bool) -> None:
 
 class _Chunk:
     """Pairs of one producer recorded at one time (one XADD, or one XADD
-    batch's): a queue item. A key counts as this chunk's only while its
-    producer's dict maps it to this very chunk (`is`); `live` counts those
-    (a key recorded twice in a chunk counts once: re-recording follows its
-    eviction), `first` is where the keys not known dead begin."""
+    batch's): a queue item. keys[i] is live only while its producer's dict
+    maps it to (sid, this very chunk, i): a key evicted and recorded again
+    within one batch is in `keys` twice, and only its later place, where it
+    now stands in time order, is live. `live` counts the live places, `first`
+    is where the places not known dead begin."""
 
     __slots__ = ("added_ms", "pid", "keys", "live", "first")
 
@@ -112,7 +113,8 @@ class IdmpState:
     """The IDMP table of one stream (None on a stream that never used IDMP or
     XCFGSET: such a stream answers XINFO STREAM exactly as redis 7.0 does).
 
-    producers: pid -> OrderedDict(iid key -> (StreamID, its _Chunk)), oldest
+    producers: pid -> OrderedDict(iid key -> (StreamID, its _Chunk, its place
+    in the chunk's keys)), oldest
     first. queue: the _Chunks in the order they were recorded, so in time
     order (the replicated time never runs backwards); expiry pops its head.
     A batch of N pairs is one chunk: the per-entry work is one dict probe, one
@@ -138,13 +140,14 @@ class IdmpState:
         self.tracked = 0                  # Invariant: the pairs in `producers`, all producers together
         self.queued = 0                   # keys in the queue's chunks, dead ones included
 
-    def _drop(self, chunk: _Chunk, key: bytes) -> bool:
-        """Forget `key` if it is live in `chunk`; whether it was."""
+    def _drop(self, chunk: _Chunk, pos: int) -> bool:
+        """Forget chunk.keys[pos] if it is live there; whether it was."""
         ids = self.producers.get(chunk.pid)
         if ids is None:
             return False
+        key = chunk.keys[pos]
         value = ids.get(key)
-        if value is None or value[1] is not chunk:
+        if value is None or value[1] is not chunk or value[2] != pos:
             return False
         del ids[key]
         chunk.live -= 1
@@ -170,8 +173,8 @@ class IdmpState:
         while queue and queue[0].added_ms < horizon:
             chunk = self._pop_head()
             if chunk.live:
-                for key in chunk.keys[chunk.first:]:
-                    self._drop(chunk, key)
+                for pos in range(chunk.first, len(chunk.keys)):
+                    self._drop(chunk, pos)
 
     def lookup(self, pid: bytes, iid: bytes):
         """The StreamID recorded for (pid, iid), or None."""
@@ -206,8 +209,9 @@ class IdmpState:
         `ids`, its producer's dict (producer_ids'). `ids` stays the producer's
         dict afterwards: the evictions below take oldest pairs first and never
         the one just recorded (maxsize and MAX_TRACKED_IIDS are >= 1)."""
-        ids[iid] = (sid, chunk)
-        chunk.keys.append(iid)
+        keys = chunk.keys
+        ids[iid] = (sid, chunk, len(keys))
+        keys.append(iid)
         chunk.live += 1
         self.queued += 1
         self.tracked += 1
@@ -230,7 +234,7 @@ class IdmpState:
             chunk = queue[0]
             keys = chunk.keys
             while chunk.first < len(keys) and self.tracked > MAX_TRACKED_IIDS:
-                self._drop(chunk, keys[chunk.first])
+                self._drop(chunk, chunk.first)
                 chunk.first += 1
             if not chunk.live:
                 self._pop_head()
@@ -246,11 +250,13 @@ class IdmpState:
             if chunk.live != len(chunk.keys) - chunk.first:
                 ids = producers[chunk.pid]
                 keys = []
-                for key in chunk.keys[chunk.first:]:
+                for pos in range(chunk.first, len(chunk.keys)):
+                    key = chunk.keys[pos]
                     value = ids.get(key)
-                    if value is not None and value[1] is chunk:
+                    if value is not None and value[1] is chunk and value[2] == pos:
+                        ids[key] = (value[0], chunk, len(keys))     # its new place (the dict order stays)
                         keys.append(key)
-                chunk.keys = list(dict.fromkeys(keys))      # a key recorded twice in it: once
+                chunk.keys = keys
                 chunk.first = 0
             queued += len(chunk.keys)
             kept.append(chunk)
@@ -278,20 +284,18 @@ class IdmpState:
                 b"iids-duplicates": self.iids_duplicates}
 
     def pairs(self):
-        """(pid, iid key, StreamID, added_ms) oldest first, each pair once: what
-        the snapshot keeps (a key evicted and recorded again within one chunk
-        is in its keys twice)."""
+        """(pid, iid key, StreamID, added_ms) oldest first, each pair once, in
+        the order recorded: what the snapshot keeps."""
         producers = self.producers
         for chunk in self.queue:
             if not chunk.live:
                 continue
             ids = producers[chunk.pid]
-            seen = set()
-            for key in chunk.keys[chunk.first:]:
-                value = ids.get(key)
-                if value is not None and value[1] is chunk and key not in seen:
-                    seen.add(key)
-                    yield chunk.pid, key, value[0], chunk.added_ms
+            keys = chunk.keys
+            for pos in range(chunk.first, len(keys)):
+                value = ids.get(keys[pos])
+                if value is not None and value[1] is chunk and value[2] == pos:
+                    yield chunk.pid, keys[pos], value[0], chunk.added_ms
 
     def load_pair(self, pid: bytes, iid: bytes, sid: StreamID, added_ms: int) -> bool:
         """Put back one pair of pairs() (stream_codec); False if it is there already.
@@ -305,7 +309,7 @@ class IdmpState:
         chunk = queue[-1] if queue else None
         if chunk is None or chunk.pid != pid or chunk.added_ms != added_ms:
             chunk = self.new_chunk(pid, added_ms)
-        ids[iid] = (sid, chunk)
+        ids[iid] = (sid, chunk, len(chunk.keys))
         chunk.keys.append(iid)
         chunk.live += 1
         self.queued += 1
