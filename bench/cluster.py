@@ -52,9 +52,12 @@ entries are `sensor-id 1234 temperature 19.8` everywhere):
    streams, read by ONE SDK consume() over all six (one Consume per slot,
    merged; crossshard.py) acking each stream's ids 100 at a time:
    `crossshard_consume_entries_per_s`, printed beside phase 4's single-stream
-   Consume figure (target >= 1x). Also phase 5 with `redis-benchmark --cluster`
-   (`XADD bench{tag}`: each connection to a slot its node serves):
-   `sharded_resp_pipelined_xadd_per_s`.
+   Consume figure (target >= 1x) and beside the same number of entries read from
+   ONE stream by one Consume session on this same 6-group cluster
+   (`crossshard_single_stream_same_cluster_entries_per_s`: like with like, since
+   the 6-group cluster itself costs more per entry than the 1-group one).
+   Also phase 5 with `redis-benchmark --cluster` (`XADD bench{tag}`: each
+   connection to a slot its node serves): `sharded_resp_pipelined_xadd_per_s`.
 8. slot move, on the same sharded cluster (bench/slot_move.py): a slot holding a stream of
    100k entries (--quick 5k) with a group of 10k (1k) pending entries moves to another group
    while probes write to it and to another group: slot_move_s, slot_move_write_wait_ms
@@ -601,6 +604,15 @@ def sharded_batch(args, tmp: str, out: dict) -> None:
         print(f"SDK consume() over {len(keys)} streams in {len(keys)} groups (max_batch={BATCH}) deliver+ack: "
               f"{rate:,.0f} entries/s = {out['crossshard_vs_single_consume']:.2f}x single-stream Consume "
               f"({single:,.0f}; target >= 1x)   [{m.line()}]")
+        same = f"single-{len(keys)}x{n_per_key}"
+        uvloop.run(sdk_preload(seeds, same, n_per_key * len(keys)))
+        with CpuMeter(pids) as m:
+            same_rate = uvloop.run(sdk_consume(seeds, same, n_per_key * len(keys)))["rate"]
+        out["crossshard_single_stream_same_cluster_entries_per_s"] = same_rate
+        out["crossshard_vs_single_same_cluster"] = rate / same_rate if same_rate else 0.0
+        print(f"the same {n_per_key * len(keys):,} entries from ONE stream (one Consume) on this cluster: "
+              f"{same_rate:,.0f} entries/s; cross-shard = {out['crossshard_vs_single_same_cluster']:.2f}x of it"
+              f"   [{m.line()}]")
         slot_move.run_phase(seeds, args.quick, out)
     finally:
         if lc.cluster_file(dir_).exists():

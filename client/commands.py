@@ -72,21 +72,29 @@ class Commands:
             req.trim.CopyFrom(trim)
         # Entries are built in place in the request (a message passed to a
         # repeated field is copied), bytes as they are: this runs per entry.
+        # The IDMP producer's fresh ids are set as each entry is made (a
+        # second pass over the entries costs as much again as the ids).
         add = req.entries.add
-        for e in entries:
+        if entries.__class__ is not list and entries.__class__ is not tuple:
+            entries = list(entries)
+        idmp = idempotent_ids is not None or (self.idempotent_producer if idempotent is None else idempotent)
+        fresh = self._iids(len(entries)) if idmp and idempotent_ids is None else None
+        explicit = False
+        for i, e in enumerate(entries):
             if isinstance(e, tuple) and len(e) == 2 and not isinstance(e[1], (bytes, str)):
                 id, fields = e[0], e[1]
             else:
                 id, fields = "*", e
             if id != "*" and id != b"*":
                 req.entries.append(xadd_entry_to_pb(fields, id))     # "<ms>-*" or an exact ID
+                explicit = True
                 continue
-            put = add().fields.add
+            put = (add(idempotent_id=b"%x" % fresh[i]) if fresh is not None else add()).fields.add
             for k, v in (fields.items() if isinstance(fields, dict) else fields):
                 put(name=k if k.__class__ is bytes else to_bytes(k),
                     value=v if v.__class__ is bytes else to_bytes(v))
-        if idempotent_ids is not None or (self.idempotent_producer if idempotent is None else idempotent):
-            self._set_idempotent_ids(req, idempotent_ids)
+        if idmp:
+            self._set_idempotent_ids(req, idempotent_ids, explicit)
         resp = await self._unary("XAdd", req, write=True, timeout=timeout, keys=req.key)
         out = []
         new_id = StreamID
@@ -104,16 +112,18 @@ class Commands:
                 out.append(err)
         return out
 
-    def _set_idempotent_ids(self, req, idempotent_ids) -> None:
-        """IDMP producer_id + per-entry ids on an XAddRequest whose IDs are all "*"."""
-        if any(e.WhichOneof("id") is not None for e in req.entries):
+    def _set_idempotent_ids(self, req, idempotent_ids, explicit: bool) -> None:
+        """IDMP producer_id + per-entry ids on an XAddRequest whose IDs are all
+        "*" (`explicit`: some is not; then no IDMP). Without idempotent_ids the
+        entries carry their fresh ids already (xadd_batch)."""
+        if explicit:
             if idempotent_ids is not None:
                 raise ValueError("idempotent ids need '*' IDs")
+            for e in req.entries:
+                e.ClearField("idempotent_id")
             return
         req.producer_id = self.producer_id
         if idempotent_ids is None:
-            for e, n in zip(req.entries, self._iids(len(req.entries))):
-                e.idempotent_id = b"%x" % n
             return
         if len(idempotent_ids) != len(req.entries):
             raise ValueError("one idempotent id per entry")

@@ -346,6 +346,7 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
     out = []
     add = out.append
     expired = False
+    state = chunk = recorded = None                 # IDMP: the table, this batch's chunk, the producer's dict
     for i, (kind, ms, seq, fields) in enumerate(entries):
         if idmp:
             iid = idmp_iids[i]
@@ -359,18 +360,22 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
             add(skip)                               # WRONGTYPE, or None (NOMKSTREAM, no stream)
             continue
         if idmp:
-            # xadd's _idmp_duplicate, with expiry once: every entry has the same now_ms.
+            # xadd's _idmp_duplicate, with expiry once (every entry has the same
+            # now_ms) and the producer's dict looked up once.
             iid = manual_iid(iid) if iid is not None else auto_iid(fields)
-            state = target.idmp
+            if state is None:
+                state = target.idmp
             if state is not None:
                 if not expired:
                     state.expire(now_ms)
                     expired = True
-                dup = state.lookup(idmp_pid, iid)
-                if dup is not None:
-                    state.iids_duplicates += 1
-                    add(format_id(dup))
-                    continue
+                    recorded = state.producers.get(idmp_pid)   # recording makes it if None
+                if recorded is not None:
+                    dup = recorded.get(iid)
+                    if dup is not None:
+                        state.iids_duplicates += 1
+                        add(format_id(dup[0]))
+                        continue
         try:
             ms, seq = entry_id(target.last_id, kind, ms, seq, now_ms)
         except CommandError as e:
@@ -388,7 +393,13 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
         sid = new_sid(sid_cls, (ms, seq))
         append_entry(sid, fields, node_bytes, node_entries)
         if idmp:
-            idmp_of(target, True).record(idmp_pid, iid, sid, now_ms)
+            if chunk is None:                       # one queue chunk for the batch's pairs
+                if state is None:
+                    state = idmp_of(target, True)
+                    expired = True                  # nothing to expire in a new table
+                chunk = state.new_chunk(idmp_pid, now_ms)
+                recorded = state.producer_ids(idmp_pid)
+            state.record_in(chunk, recorded, iid, sid)
         if trim is not None:
             trim(*trim_args)
         add(b"%d-%d" % (ms, seq))

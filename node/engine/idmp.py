@@ -15,11 +15,16 @@ the log, saved in the snapshot (stream_codec.py) and moves with the key. Its
 clock is the record's replicated `now_ms` (never a clock read at apply), so
 every replica expires the same pairs at the same log position.
 
-Idempotent ids are kept as a 16-byte BLAKE2b digest (redis keeps an XXH128 of
-them): a 64 KiB iid costs 16 bytes. IDMPAUTO's iid is the digest of the
-entry's field/value pairs sorted (so field order does not matter, as in
-redis), in another domain than IDMP's, so both modes never collide. hashlib
-is deterministic across processes and PYTHONHASHSEEDs.
+Idempotent ids are kept as 16-byte keys (redis keeps an XXH128 of them):
+an id of 1..15 bytes as itself, zero-padded, its length in the last byte
+(the SDK's ids are a few hex digits: no hashing per entry); a longer one as
+its BLAKE2b digest (a 64 KiB iid costs 16 bytes). A digest equals a padded
+short id with probability 2**-128, the same odds as two digests colliding.
+IDMPAUTO's iid is the digest of the entry's field/value pairs sorted (so
+field order does not matter, as in redis), in another domain than IDMP's,
+so both modes never collide. hashlib is deterministic across processes and
+PYTHONHASHSEEDs. (A snapshot written before short ids were kept padded holds
+their digests: such a pair is not found again after the upgrade.)
 
 Limits: per producer at most `maxsize` ids (oldest evicted first, redis's
 rule); per stream at most MAX_TRACKED_IIDS ids over all producers (xraft's
@@ -55,8 +60,15 @@ _IID_AUTO = b"\x02"
 _U32 = struct.Struct(">I")
 
 
-def manual_iid(iid: bytes) -> bytes:
-    """The 16-byte key of IDMP's idempotent id."""
+_SHORT_IID = 16                   # ids shorter than this are kept as themselves (module doc)
+_PADS = tuple(b"\x00" * (15 - n) + bytes((n,)) for n in range(_SHORT_IID))
+
+
+def manual_iid(iid: bytes, _pads=_PADS) -> bytes:
+    """The 16-byte key of IDMP's idempotent id (module doc)."""
+    n = len(iid)
+    if n < _SHORT_IID:
+        return iid + _pads[n]
     return hashlib.blake2b(_IID_MANUAL + iid, digest_size=16).digest()
 
 
@@ -79,20 +91,42 @@ def check_producer(pid: bytes, auto: bool) -> None:
         raise CommandError(ERR_AUTO_EMPTY_PID if auto else ERR_IDMP_EMPTY_PID)
 
 
+class _Chunk:
+    """Pairs of one producer recorded at one time (one XADD, or one XADD
+    batch's): a queue item. keys[i] is live only while its producer's dict
+    maps it to (sid, this very chunk, i): a key evicted and recorded again
+    within one batch is in `keys` twice, and only its later place, where it
+    now stands in time order, is live. `live` counts the live places, `first`
+    is where the places not known dead begin."""
+
+    __slots__ = ("added_ms", "pid", "keys", "live", "first")
+
+    def __init__(self, added_ms: int, pid: bytes):
+        self.added_ms = added_ms
+        self.pid = pid
+        self.keys: list = []
+        self.live = 0
+        self.first = 0
+
+
 class IdmpState:
     """The IDMP table of one stream (None on a stream that never used IDMP or
     XCFGSET: such a stream answers XINFO STREAM exactly as redis 7.0 does).
 
-    producers: pid -> OrderedDict(iid key -> (StreamID, added_ms)), oldest
-    first. queue: (added_ms, pid, iid key) in the order pairs were recorded,
-    so in time order (the replicated time never runs backwards); expiry pops
-    its head. A pair evicted by maxsize leaves its queue item behind: an item
-    counts only while its pair is recorded with the same added_ms (`_live`),
-    and the queue is rebuilt when stale items outnumber live ones (so it holds
-    at most about twice the live pairs). Eviction is then two dict operations
-    per added id, which runs per entry on every replica."""
+    producers: pid -> OrderedDict(iid key -> (StreamID, its _Chunk, its place
+    in the chunk's keys)), oldest
+    first. queue: the _Chunks in the order they were recorded, so in time
+    order (the replicated time never runs backwards); expiry pops its head.
+    A batch of N pairs is one chunk: the per-entry work is one dict probe, one
+    insert and, past maxsize, one popitem of the producer's oldest (whose
+    chunk's live count drops). A chunk whose pairs are all gone leaves the
+    head at once, or, behind a live head, at the next compaction (when queued
+    keys outnumber twice the live ones plus 4096: `_compact`, which walks the
+    chunks, not their keys, but for the partly live ones: at most one per
+    producer, since each producer loses its pairs oldest first)."""
 
-    __slots__ = ("duration_s", "maxsize", "iids_added", "iids_duplicates", "producers", "queue", "tracked")
+    __slots__ = ("duration_s", "maxsize", "iids_added", "iids_duplicates", "producers", "queue", "tracked",
+                 "queued")
 
     def __init__(self, duration_s: int = DEFAULT_DURATION_S, maxsize: int = DEFAULT_MAXSIZE):
         self.duration_s = duration_s      # Invariant: 1 <= duration_s <= MAX_DURATION_S
@@ -101,35 +135,46 @@ class IdmpState:
         self.iids_duplicates = 0          # lifetime: duplicates answered
         # Invariant: no producer's dict is empty; each holds at most maxsize ids.
         self.producers: dict = {}
-        # Invariant: every recorded pair has a live item here.
+        # Invariant: every recorded pair's chunk is in here.
         self.queue: deque = deque()
         self.tracked = 0                  # Invariant: the pairs in `producers`, all producers together
+        self.queued = 0                   # keys in the queue's chunks, dead ones included
 
-    def _live(self, item) -> bool:
-        added_ms, pid, iid = item
-        ids = self.producers.get(pid)
+    def _drop(self, chunk: _Chunk, pos: int) -> bool:
+        """Forget chunk.keys[pos] if it is live there; whether it was."""
+        ids = self.producers.get(chunk.pid)
         if ids is None:
             return False
-        value = ids.get(iid)
-        return value is not None and value[1] == added_ms
-
-    def _drop(self, item) -> None:
-        """Forget the pair of a live queue item."""
-        _, pid, iid = item
-        ids = self.producers[pid]
-        del ids[iid]
+        key = chunk.keys[pos]
+        value = ids.get(key)
+        if value is None or value[1] is not chunk or value[2] != pos:
+            return False
+        del ids[key]
+        chunk.live -= 1
         self.tracked -= 1
         if not ids:
-            del self.producers[pid]
+            del self.producers[chunk.pid]
+        return True
+
+    def _pop_head(self) -> _Chunk:
+        chunk = self.queue.popleft()
+        self.queued -= len(chunk.keys)
+        return chunk
+
+    def _drop_dead_head(self) -> None:
+        queue = self.queue
+        while queue and not queue[0].live:
+            self._pop_head()
 
     def expire(self, now_ms: int) -> None:
         """Forget every pair older than the duration (added_ms + duration < now)."""
         horizon = now_ms - self.duration_s * 1000
         queue = self.queue
-        while queue and queue[0][0] < horizon:
-            item = queue.popleft()
-            if self._live(item):
-                self._drop(item)
+        while queue and queue[0].added_ms < horizon:
+            chunk = self._pop_head()
+            if chunk.live:
+                for pos in range(chunk.first, len(chunk.keys)):
+                    self._drop(chunk, pos)
 
     def lookup(self, pid: bytes, iid: bytes):
         """The StreamID recorded for (pid, iid), or None."""
@@ -143,24 +188,79 @@ class IdmpState:
         """Remember that (pid, iid) added `sid` at now_ms (a pair lookup did not
         find); evict the producer's oldest beyond maxsize and the stream's
         oldest beyond MAX_TRACKED_IIDS."""
+        chunk = self.new_chunk(pid, now_ms)
+        self.record_in(chunk, self.producer_ids(pid), iid, sid)
+
+    def new_chunk(self, pid: bytes, now_ms: int) -> _Chunk:
+        """An empty chunk at the queue's tail, for pairs of `pid` recorded at now_ms."""
+        chunk = _Chunk(now_ms, pid)
+        self.queue.append(chunk)
+        return chunk
+
+    def producer_ids(self, pid: bytes) -> OrderedDict:
+        """pid's dict, made empty if pid has none: record_in must put a pair in it at once."""
         ids = self.producers.get(pid)
         if ids is None:
             ids = self.producers[pid] = OrderedDict()
-        ids[iid] = (sid, now_ms)
-        self.queue.append((now_ms, pid, iid))
+        return ids
+
+    def record_in(self, chunk: _Chunk, ids: OrderedDict, iid: bytes, sid: StreamID) -> None:
+        """record() into `chunk` (new_chunk's, the newest in the queue) and
+        `ids`, its producer's dict (producer_ids'). `ids` stays the producer's
+        dict afterwards: the evictions below take oldest pairs first and never
+        the one just recorded (maxsize and MAX_TRACKED_IIDS are >= 1)."""
+        keys = chunk.keys
+        ids[iid] = (sid, chunk, len(keys))
+        keys.append(iid)
+        chunk.live += 1
+        self.queued += 1
         self.tracked += 1
         self.iids_added += 1
         if len(ids) > self.maxsize:
-            del ids[next(iter(ids))]          # its queue item goes stale
+            evicted = ids.popitem(last=False)[1][1]
+            evicted.live -= 1
             self.tracked -= 1
+            if not evicted.live and evicted is self.queue[0]:
+                self._drop_dead_head()
         if self.tracked > MAX_TRACKED_IIDS:
-            queue = self.queue
-            while self.tracked > MAX_TRACKED_IIDS:
-                item = queue.popleft()
-                if self._live(item):
-                    self._drop(item)
-        if len(self.queue) > 2 * self.tracked + 4096:
-            self.queue = deque(item for item in self.queue if self._live(item))
+            self._evict_oldest()
+        if self.queued > 2 * self.tracked + 4096:
+            self._compact()
+
+    def _evict_oldest(self) -> None:
+        """Drop the oldest pairs of any producer until MAX_TRACKED_IIDS hold."""
+        queue = self.queue
+        while self.tracked > MAX_TRACKED_IIDS:
+            chunk = queue[0]
+            keys = chunk.keys
+            while chunk.first < len(keys) and self.tracked > MAX_TRACKED_IIDS:
+                self._drop(chunk, chunk.first)
+                chunk.first += 1
+            if not chunk.live:
+                self._pop_head()
+
+    def _compact(self) -> None:
+        """Leave out the dead chunks, and the dead keys of partly live ones."""
+        kept = deque()
+        queued = 0
+        producers = self.producers
+        for chunk in self.queue:
+            if not chunk.live:
+                continue
+            if chunk.live != len(chunk.keys) - chunk.first:
+                ids = producers[chunk.pid]
+                keys = []
+                for pos in range(chunk.first, len(chunk.keys)):
+                    key = chunk.keys[pos]
+                    value = ids.get(key)
+                    if value is not None and value[1] is chunk and value[2] == pos:
+                        ids[key] = (value[0], chunk, len(keys))     # its new place (the dict order stays)
+                        keys.append(key)
+                chunk.keys = keys
+                chunk.first = 0
+            queued += len(chunk.keys)
+            kept.append(chunk)
+        self.queue, self.queued = kept, queued
 
     def configure(self, duration_s, maxsize) -> None:
         """XCFGSET: a changed value clears every producer's history (the
@@ -172,7 +272,7 @@ class IdmpState:
         self.duration_s, self.maxsize = new_duration, new_maxsize
         self.producers = {}
         self.queue = deque()
-        self.tracked = 0
+        self.tracked = self.queued = 0
 
     def info_fields(self) -> dict:
         """The XINFO STREAM fields, in redis 8.6's order."""
@@ -184,25 +284,35 @@ class IdmpState:
                 b"iids-duplicates": self.iids_duplicates}
 
     def pairs(self):
-        """(pid, iid key, StreamID, added_ms) oldest first, each pair once: what
-        the snapshot keeps (a pair evicted and recorded again in the same ms
-        has two live-looking items)."""
-        seen = set()
-        for item in self.queue:
-            added_ms, pid, iid = item
-            if self._live(item) and (pid, iid) not in seen:
-                seen.add((pid, iid))
-                yield pid, iid, self.producers[pid][iid][0], added_ms
+        """(pid, iid key, StreamID, added_ms) oldest first, each pair once, in
+        the order recorded: what the snapshot keeps."""
+        producers = self.producers
+        for chunk in self.queue:
+            if not chunk.live:
+                continue
+            ids = producers[chunk.pid]
+            keys = chunk.keys
+            for pos in range(chunk.first, len(keys)):
+                value = ids.get(keys[pos])
+                if value is not None and value[1] is chunk and value[2] == pos:
+                    yield chunk.pid, keys[pos], value[0], chunk.added_ms
 
     def load_pair(self, pid: bytes, iid: bytes, sid: StreamID, added_ms: int) -> bool:
-        """Put back one pair of pairs() (stream_codec); False if it is there already."""
+        """Put back one pair of pairs() (stream_codec); False if it is there already.
+        Pairs of one producer and time join the queue's last chunk."""
         ids = self.producers.get(pid)
         if ids is None:
             ids = self.producers[pid] = OrderedDict()
         if iid in ids:
             return False
-        ids[iid] = (sid, added_ms)
-        self.queue.append((added_ms, pid, iid))
+        queue = self.queue
+        chunk = queue[-1] if queue else None
+        if chunk is None or chunk.pid != pid or chunk.added_ms != added_ms:
+            chunk = self.new_chunk(pid, added_ms)
+        ids[iid] = (sid, chunk, len(chunk.keys))
+        chunk.keys.append(iid)
+        chunk.live += 1
+        self.queued += 1
         self.tracked += 1
         return True
 

@@ -239,7 +239,8 @@ class XAddBatch:
                 if iid is None:
                     append(b"\x00\x00\x00\x00")          # IDMPAUTO
                 else:
-                    invariant(type(iid) is bytes and iid, "an IDMP iid is non-empty bytes")
+                    if iid.__class__ is not bytes or not iid:
+                        invariant(False, "an IDMP iid is non-empty bytes")
                     append(_U32.pack(len(iid)))
                     append(iid)
             fields = tuple(fields)

@@ -34,3 +34,22 @@ def test_idmp_producer_and_ack_aware_deletion():
                 assert await a.xdelex("s", ids[0], StreamID(1, 1), policy="DELREF") == [1, -1]
                 assert (await a.execute("XPENDING", "s", "g"))[0] == 0
     run(body)
+
+
+def test_idmp_fresh_ids_per_entry_and_none_with_an_explicit_id():
+    """xadd_batch sets each "*" entry's fresh id as it builds it: same fields
+    never dedup each other, across calls too; a batch with an explicit ID
+    carries no IDMP at all (no producer, no ids), as before."""
+    async def body():
+        async with serving(LocalBackend(clock=lambda: NOW)) as (addr, _, _s):
+            async with Client([addr], timeout=5) as a:
+                same = [{"f": "v"}] * 3
+                ids = await a.xadd_batch("s", same) + await a.xadd_batch("s", iter(same))
+                assert len(set(ids)) == 6 and await a.xlen("s") == 6
+                info = await a.execute("XINFO", "STREAM", "s")
+                assert (info[b"iids-added"], info[b"iids-duplicates"]) == (6, 0)
+                mixed = await a.xadd_batch("s", [{"f": "v"}, (StreamID(NOW + 10, 0), {"f": "v"})])
+                assert mixed[1] == StreamID(NOW + 10, 0) and await a.xlen("s") == 8
+                info = await a.execute("XINFO", "STREAM", "s")
+                assert info[b"iids-added"] == 6
+    run(body)

@@ -4,6 +4,7 @@ this machine, so the expected values are those pages', written out here).
 Also: the table in the stream snapshot (version 2, version 1 still read),
 expiry by the record's time only, and XINFO STREAM of a stream that never
 used IDMP staying redis 7.0's."""
+import random
 import struct
 import zlib
 
@@ -342,3 +343,70 @@ def test_evicted_pairs_leave_a_bounded_queue_and_snapshot_once():
     assert len(pairs) == 1
     loaded = load_stream(dump_stream(db.get(b"s")))
     assert list(loaded.idmp.pairs()) == pairs
+
+
+# -- the table against a model (idmp.py's queue of chunks) ----------------------------------
+
+class _Model:
+    """The rules of the module doc, written plainly: pairs in the order recorded; expiry
+    by time; maxsize per producer and MAX_TRACKED_IIDS over all, oldest first."""
+
+    def __init__(self, duration_s, maxsize, max_tracked):
+        self.duration_s, self.maxsize, self.max_tracked = duration_s, maxsize, max_tracked
+        self.pairs = []                              # [pid, key, sid, added_ms], oldest first
+
+    def xadd(self, pid, key, now_ms, new_sid):
+        self.pairs = [p for p in self.pairs if p[3] >= now_ms - self.duration_s * 1000]
+        for p in self.pairs:
+            if p[:2] == [pid, key]:
+                return p[2], False
+        self.pairs.append([pid, key, new_sid, now_ms])
+        mine = [p for p in self.pairs if p[0] == pid]
+        if len(mine) > self.maxsize:
+            self.pairs.remove(mine[0])
+        if len(self.pairs) > self.max_tracked:
+            del self.pairs[0]
+        return new_sid, True
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_and_single_xadds_keep_the_tables_rules(seed, monkeypatch):
+    """Random batches (xadd_many) and single XADDs of 3 producers, with ids repeated,
+    maxsize 4, a 2 s duration and at most 9 pairs per stream: every reply and the
+    table (pairs() in order) are the model's after each step; a snapshot of the
+    stream gives the same table back; the queue stays bounded."""
+    rnd = random.Random(seed)
+    monkeypatch.setattr(im, "MAX_TRACKED_IIDS", 9)
+    db = Keyspace()
+    now = 1_000_000
+    call(db, "XADD", "s", "*", "f", "v", now_ms=now)
+    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "4", "IDMP-DURATION", "2", now_ms=now)
+    model = _Model(2, 4, 9)
+    prev_last = tuple(db.get(b"s").last_id)
+    for _ in range(120):
+        now += rnd.choice((0, 0, 1, 300, 1500))
+        pid = rnd.choice((b"p1", b"p2", b"p3"))
+        iids = [b"i%d" % rnd.randrange(12) if rnd.random() < 0.9 else b"L" * 20 + b"%d" % rnd.randrange(3)
+                for _ in range(rnd.choice((1, 1, 3, 6, 10)))]
+        if len(iids) == 1 and rnd.random() < 0.5:
+            got = [call(db, "XADD", "s", "IDMP", pid, iids[0], "*", "f", "v", now_ms=now)]
+        else:
+            got = xadd_many(db, b"s", [(ID_AUTO, 0, 0, [b"f", b"v"])] * len(iids), now, idmp_pid=pid,
+                            idmp_iids=iids)
+        last = db.get(b"s").last_id
+        for iid, reply in zip(iids, got):
+            sid, new = model.xadd(pid, im.manual_iid(iid), now, reply)
+            if new:
+                made = tuple(int(x) for x in reply.split(b"-"))
+                assert made > prev_last                 # a new entry
+                prev_last = made
+            else:
+                assert reply == sid                     # a duplicate answers the first ID
+        assert tuple(last) == prev_last
+        st = db.get(b"s").idmp
+        table = [(pid_, key, b"%d-%d" % sid_, ms) for pid_, key, sid_, ms in st.pairs()]
+        assert table == [tuple(p) for p in model.pairs], (seed, now)
+        assert st.tracked == len(model.pairs) and st.queued <= 2 * st.tracked + 4096
+        assert sum(c.live for c in st.queue) == st.tracked
+        loaded = load_stream(dump_stream(db.get(b"s")))
+        assert list(loaded.idmp.pairs()) == list(st.pairs())

@@ -1,0 +1,145 @@
+"""A/B runs of issue 13's two bench targets on ONE cluster each, the order alternating
+per round, so a loaded machine's swings hit both sides alike (bench/README.md,
+"Session 7: IDMP and cross-shard consume, A/B"):
+
+  idmp:       3 nodes, 1 group, fsync=always: xadd_batch(100) x 8 in flight, plain
+              (idempotent_producer=False) against the SDK's IDMP producer, `--seconds` each.
+  crossshard: 3 nodes, 6 groups, fsync=always: `--entries` entries read and acked by ONE
+              consume() over six streams in six groups, against the same number read from
+              one stream (one group) by one Consume session; fresh streams every round.
+
+    python bench/ab_issue13.py idmp [--rounds 4] [--seconds 4]
+    python bench/ab_issue13.py crossshard [--rounds 3] [--entries 30000]
+    (both: [--dir DIR], a work directory that must not exist; default a temporary one)
+
+Prints one line per round (both figures side by side, the ratio) and the summed ratio.
+"""
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import time
+
+import uvloop
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster as bc  # noqa: E402  (bench/cluster.py: the phases measured here)
+
+from xraft.ops import local_cluster as lc  # noqa: E402
+
+
+def _measured(pids: dict, run, split: list | None = None) -> tuple:
+    """(run()'s entries/s, the CPU microseconds per entry of the nodes and this client
+    together). On a loaded 2-core machine the CPU per entry moves less than the
+    wall-clock rate: other processes take wall time, not this work's CPU. `split`
+    gets {process: CPU us per entry} appended."""
+    t0 = time.perf_counter()
+    with bc.CpuMeter(pids) as m:
+        rate = run()
+    wall = time.perf_counter() - t0
+    entries = max(1.0, rate * wall)
+    if split is not None:
+        split.append({name: 1e4 * pct * wall / entries for name, pct in m.pct.items()})
+    return rate, 1e4 * sum(m.pct.values()) * wall / entries
+
+
+def idmp(args, dir_: str) -> None:
+    cluster = lc.up(dir_, nodes=3, fsync="always")
+    try:
+        bc.wait_leader(cluster)
+        seeds = [n.grpc for n in cluster.nodes]
+        pids = bc.cluster_pids(cluster)
+        sums = {False: 0.0, True: 0.0}
+        cpu = {False: [], True: []}
+        split = {False: [], True: []}
+        for r in range(args.rounds):
+            got = {}
+            for idempotent in ((False, True) if r % 2 == 0 else (True, False)):
+                key = ("idmp",) if idempotent else ("batch",)
+                got[idempotent], us = _measured(pids, lambda: uvloop.run(
+                    bc.sdk_batch(seeds, args.seconds, key, idempotent=idempotent)), split[idempotent])
+                sums[idempotent] += got[idempotent]
+                cpu[idempotent].append(us)
+            print(f"round {r + 1}: plain {got[False]:,.0f}/s  IDMP {got[True]:,.0f}/s  "
+                  f"ratio {got[True] / got[False]:.2f}  | CPU us/entry plain {cpu[False][-1]:.0f} "
+                  f"IDMP {cpu[True][-1]:.0f}  (load {bc.load_avg():.1f})", flush=True)
+        print(f"CPU per entry, median of rounds: plain {statistics.median(cpu[False]):.0f} us, "
+              f"IDMP {statistics.median(cpu[True]):.0f} us: plain/IDMP "
+              f"{statistics.median(cpu[False]) / statistics.median(cpu[True]):.2f}")
+        for side in (False, True):
+            print(("IDMP " if side else "plain") + " CPU us/entry per process (median): " + ", ".join(
+                f"{name} {statistics.median(s[name] for s in split[side]):.1f}" for name in split[side][0]))
+        print(f"summed: plain {sums[False]:,.0f}  IDMP {sums[True]:,.0f}  ratio {sums[True] / sums[False]:.2f}")
+    finally:
+        lc.down(dir_)
+
+
+async def _fresh_streams(seeds, layout, round_no: int) -> tuple:
+    """Six keys, one per group, new this round (no entries, no group yet)."""
+    keys = []
+    for group in sorted(layout.groups, key=lambda g: g.id):
+        first, last = group.slots[0]
+        n = 0
+        while not first <= bc.key_slot(b"r%d-%d" % (round_no, n)) <= last:
+            n += 1
+        keys.append(f"r{round_no}-{n}")
+    return tuple(keys)
+
+
+def crossshard(args, dir_: str) -> None:
+    cluster = lc.up(dir_, nodes=3, fsync="always", groups=bc.SHARDED_GROUPS)
+    try:
+        layout = bc.layout_of(cluster)
+        bc.wait_balanced(cluster, layout)
+        seeds = [n.grpc for n in cluster.nodes]
+        pids = bc.cluster_pids(cluster)
+        sums = {"single": 0.0, "cross": 0.0}
+        for r in range(args.rounds):
+            keys = uvloop.run(_fresh_streams(seeds, layout, r))
+            per_key = args.entries // len(keys)
+            single_key = f"single-{r}"
+            uvloop.run(bc._preload_all(seeds, keys, per_key))
+            uvloop.run(bc.sdk_preload(seeds, single_key, per_key * len(keys)))
+            got, us = {}, {}
+            for side in (("single", "cross") if r % 2 == 0 else ("cross", "single")):
+                if side == "single":
+                    got[side], us[side] = _measured(pids, lambda: uvloop.run(
+                        bc.sdk_consume(seeds, single_key, per_key * len(keys)))["rate"])
+                else:
+                    got[side], us[side] = _measured(pids, lambda: uvloop.run(
+                        asyncio.wait_for(bc.crossshard_consume(seeds, keys, per_key), bc.CROSSSHARD_LIMIT_S)))
+                sums[side] += got[side]
+            print(f"round {r + 1}: single-stream Consume {got['single']:,.0f}/s  cross-shard consume() "
+                  f"{got['cross']:,.0f}/s  ratio {got['cross'] / got['single']:.2f}  | CPU us/entry single "
+                  f"{us['single']:.0f} cross {us['cross']:.0f}  (load {bc.load_avg():.1f})", flush=True)
+        print(f"summed: single {sums['single']:,.0f}  cross {sums['cross']:,.0f}  "
+              f"ratio {sums['cross'] / sums['single']:.2f}")
+    finally:
+        lc.down(dir_)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("which", choices=("idmp", "crossshard"))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--entries", type=int, default=30_000)
+    ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one); "
+                                  "the cluster lives in DIR/cluster")
+    args = ap.parse_args()
+    if not (1 <= args.rounds <= 20 and 0 < args.seconds <= 60 and 600 <= args.entries <= 1_000_000):
+        ap.error("--rounds 1..20, --seconds (0, 60], --entries 600..1,000,000")
+    tmp = bc.work_dir(args.dir, "xraft-ab-")
+    try:
+        t = time.perf_counter()
+        (idmp if args.which == "idmp" else crossshard)(args, os.path.join(tmp, "cluster"))
+        print(f"({time.perf_counter() - t:.0f} s)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
