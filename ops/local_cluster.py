@@ -52,6 +52,13 @@ DEFAULT_NODE_COMMAND = (sys.executable, "-m", "xraft.node.server.node_main")
 FSYNC_CHOICES = ("always", "batch", "never")
 LOG_TAIL_LINES = 15
 MAX_GROUPS = 1024          # the node's limit on --groups (node/server/config.py)
+# `xraftctl local up` without --groups founds a sharded cluster: this many data groups per node,
+# so placement gives every node leaders (issue 10). up() itself keeps 1 (callers say what they need).
+DEFAULT_GROUPS_PER_NODE = 2
+
+
+def default_groups(nodes: int) -> int:
+    return min(MAX_GROUPS, DEFAULT_GROUPS_PER_NODE * nodes)
 
 Progress = Callable[[str], None]
 

@@ -13,6 +13,7 @@
                [--groups 1]                             data Raft groups the 16384 slots are split over
                [--metrics HOST:PORT]                    Prometheus metrics at /metrics (server/metrics.py)
                [--move-timeout-s 60] [--pause-moves]     slot moves this node drives as metadata leader
+               [--no-quiesce]                           idle groups keep heartbeating (node/raft/quiesce.py)
 
 TOML keys are the flag names without the dashes, `-` or `_` alike
 (`cluster-id` or `cluster_id`). `peers` / `resp-peers` take the flag's string
@@ -103,6 +104,9 @@ class NodeConfig:
     # metadata leader first seeing it is aborted; pause_moves: this node drives none.
     move_timeout_s: int = 60
     pause_moves: bool = False
+    # Idle groups stop ticking and heartbeating (node/raft/quiesce.py, runtime/liveness.py);
+    # no_quiesce keeps every group heartbeating every tick, as before.
+    no_quiesce: bool = False
 
     def addresses(self) -> dict:
         """node id -> NodeAddresses, for redirects and CLUSTER SLOTS. This
@@ -179,6 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pause-moves", action="store_true", default=None,
                    help="while this node leads the metadata group it drives no slot move (a move waits "
                         "in the map until another leader drives it or an operator aborts it)")
+    p.add_argument("--no-quiesce", action="store_true", default=None,
+                   help="idle Raft groups keep heartbeating every tick instead of going quiet "
+                        "(default: they quiesce; followers then watch the leader's node)")
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default warning: quiet")
     p.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     return p
@@ -260,6 +267,8 @@ def build(values: dict) -> NodeConfig:
     v["move_timeout_s"] = _int(v["move_timeout_s"], "move-timeout-s", 1, 86_400)
     if not isinstance(v["pause_moves"], bool):
         raise ConfigError("--pause-moves is a flag (true/false in TOML)")
+    if not isinstance(v["no_quiesce"], bool):
+        raise ConfigError("--no-quiesce is a flag (true/false in TOML)")
     v["client_memory_bytes"] = _int(v["client_memory_bytes"], "client-memory-bytes", 1 << 20, 1 << 50)
     tls = [v.get(k) for k in ("tls_cert", "tls_key", "tls_ca")]
     if any(tls) and not all(tls):
