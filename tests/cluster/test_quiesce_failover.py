@@ -19,25 +19,14 @@ from xraft.node.engine.slots import key_slot
 from tests.cluster.conftest import ELECTION_TICKS, TICK_MS, wait_until
 from tests.cluster.harness import raft_info
 from tests.cluster.test_sharded_cluster import layout
+from tests.cluster.test_sharded_failover import every_group_led_among
 
 GROUPS = 30
 ELECTION_S = ELECTION_TICKS * TICK_MS / 1000
 
 
 def leaders_seen(cluster, ids) -> dict:
-    """{group: leader} when every group has one writable leader among `ids` that all of them name."""
-    infos = {i: raft_info(cluster.nodes[i]) for i in ids}
-    if not all(infos.values()):
-        return {}
-    out = {}
-    for g in range(1, GROUPS + 1):
-        lines = {i: inf.get("raft_group%d" % g) for i, inf in infos.items()}
-        leaders = {i for i, ln in lines.items() if ln and ln.get("role") == "leader" and ln.get("writable") == 1}
-        named = {ln.get("leader_id") for ln in lines.values() if ln}
-        if len(leaders) != 1 or named != leaders:
-            return {}
-        out[g] = leaders.pop()
-    return out
+    return every_group_led_among(cluster, ids, GROUPS)
 
 
 def quiesced(cluster, ids) -> dict:

@@ -9,18 +9,9 @@ from xraft.node.raft.types import Message, MessageType as MT, StateRole
 from xraft.node.runtime.liveness import (
     LIVENESS_GROUP_ID, MAX_PAIRS_PER_MESSAGE, NodeLiveness, decode_leads, encode_leads)
 from tests.runtime.test_driver import Cluster
-from tests.runtime.test_multiraft import wait_all_leaders
+from tests.runtime.test_multiraft import run, wait_all_leaders  # noqa: F401 (run: the fixture)
 
 GROUPS = tuple(range(1, 31))
-
-
-@pytest.fixture
-def run():
-    import uvloop
-
-    def _run(coro):
-        return uvloop.run(asyncio.wait_for(coro, 90))
-    return _run
 
 
 def all_quiesced(c, gids):
