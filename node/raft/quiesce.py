@@ -18,16 +18,19 @@ The protocol, all of it timers-as-messages inside the pure core (Config.quiesce 
     append, a vote request of a member that missed the quiesce heartbeat, a configuration
     change...): from then on it is an ordinary Raft member. Only the quiesce heartbeat, its
     answer and a transport's "unreachable" report (the leader has nothing to resend) do not.
-  * What the quiesced followers can no longer see for themselves, a dead leader, is the
-    application's job: it watches the leader's NODE (one liveness message per peer node
-    per tick for all groups, node/runtime/liveness.py) and calls wake(lease_expired=True)
-    when the leader's node goes silent or no longer claims the group at that term. A
-    woken follower counts its leader lease as expired, so it grants (pre-)votes at once and
-    campaigns within one election timeout: failover stays within the usual bound.
+  * What quiesced members can no longer see for themselves is the application's job: it
+    watches the NODES (one liveness message per peer node per tick for all groups,
+    node/runtime/liveness.py) and calls wake(lease_expired=True) on a follower whose
+    leader's node goes silent (or wake() when it no longer claims the group at that term),
+    and on a leader when a quorum of its voters' nodes goes silent. A woken follower counts
+    its leader lease as expired, so it grants (pre-)votes at once and campaigns within one
+    election timeout: failover stays within the usual bound. A woken leader counts nobody
+    as active, so check-quorum steps it down within an election timeout if nobody answers,
+    and it does not quiesce again before everyone answered (quiescable()).
 
 Safety does not depend on any of this: quiescence only stops clocks, and every Raft rule
-(terms, votes, log matching, commitment) is unchanged. A leader that stays quiesced while
-cut off cannot commit anything (a proposal wakes it, and check-quorum then steps it down);
+(terms, votes, log matching, commitment) is unchanged. A leader quiesced while cut off
+cannot commit anything (a proposal wakes it, and check-quorum then steps it down);
 lease-based reads are refused for quiescence (Config.validate) because a quiesced leader
 does not check its quorum.
 """
@@ -66,7 +69,10 @@ def quiescable(r: "Raft") -> bool:
             or log.unstable.snapshot is not None:
         return False
     for pr in r.trk.progress.values():
-        if pr.match != last:
+        # recent_active: every member answered since the last check-quorum (or the wake): a
+        # leader woken because its quorum's nodes went silent must not fall asleep again
+        # before it has heard from them, or it would never run check-quorum and step down.
+        if pr.match != last or not pr.recent_active:
             return False
     return True
 
@@ -94,15 +100,17 @@ def follower_quiesce(r: "Raft", m: Message) -> bytes:
 
 
 def wake(r: "Raft", lease_expired: bool) -> None:
-    """Resume ticking. lease_expired (a follower whose leader's node is gone or no longer
-    leads): grant votes at once and campaign within one election timeout."""
+    """Resume ticking. lease_expired, on a follower: its leader's node is gone, so grant votes
+    at once and campaign within one election timeout. On a leader: a quorum of its voters'
+    nodes went silent, so count nobody as active: check-quorum steps it down after one
+    election timeout unless they answer its heartbeats meanwhile."""
     if not r.quiesced:
         return
     r.quiesced = False
     r.heartbeat_elapsed = 0
     if r.state == StateRole.LEADER:
-        r.election_elapsed = 0  # a fresh check-quorum period: the members were active
-        for pr in r.trk.progress.values():
-            pr.recent_active = True
+        r.election_elapsed = 0  # a fresh check-quorum period
+        for pid, pr in r.trk.progress.items():
+            pr.recent_active = pid == r.id or not lease_expired  # asleep, they were caught up
     elif lease_expired:
         r.election_elapsed = r.election_timeout

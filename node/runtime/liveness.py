@@ -4,15 +4,19 @@ A quiesced group (node/raft/quiesce.py) sends nothing and ticks nothing, so its 
 cannot see their leader die. This module watches the leaders' NODES instead, at a cost
 per node and tick, not per group:
 
-  * Each tick, a node that leads quiesced groups sends every member node of those groups
-    one liveness message: a HEARTBEAT of the reserved group LIVENESS_GROUP_ID whose
-    context lists (group, term) for every group it leads quiesced (split at the codec's
-    context limit). It rides the per-peer batch like every other message.
+  * Each tick, a node sends every peer node that replicates one of its groups one liveness
+    message: a HEARTBEAT of the reserved group LIVENESS_GROUP_ID whose context lists
+    (group, term) for every group it leads quiesced (split at the codec's context limit;
+    empty if it leads none). It rides the per-peer batch like every other message.
   * A node counts, per peer node, the ticks since it last received any batch from it.
     A quiesced follower whose leader's node has been silent for silence_ticks (the
     election timeout) is woken with its lease expired: it campaigns within one more
     election timeout, so failover takes at most what it takes without quiescence
     (an election timeout of silence, then a randomized one).
+  * A quiesced leader whose voters' nodes, itself included, no longer form a quorum of
+    nodes heard within silence_ticks is woken with its lease expired: it heartbeats again
+    and check-quorum steps it down if they stay silent (what the health check and clients
+    rely on: a leader cut off from its quorum stops serving).
   * A liveness message that does not list (group, term) for a quiesced follower of its
     sender wakes that follower (lease kept): the leader restarted, stepped down or woke;
     an awake leader heartbeats it anyway.
@@ -26,6 +30,7 @@ import struct
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..raft.codec import MAX_CONTEXT_BYTES
+from ..raft.quorum import VoteResult
 from ..raft.types import Message, MessageType, StateRole
 
 if TYPE_CHECKING:
@@ -61,6 +66,7 @@ class NodeLiveness:
         self.sent = 0  # liveness messages sent
         self.wakes_silent = 0  # followers woken because their leader's node went silent
         self.wakes_unlisted = 0  # ... because their leader's node no longer listed the group
+        self.wakes_lost_quorum = 0  # quiesced leaders woken: their voters' nodes went silent
         self.bad_messages = 0
 
     def heard(self, peer: int) -> None:
@@ -69,37 +75,51 @@ class NodeLiveness:
             self.silent[peer] = 0
 
     def on_tick(self, groups: Iterable["GroupDriver"], send: Callable[[int, Message], None]) -> None:
-        """Once per node tick: send our liveness messages, wake followers of silent nodes."""
+        """Once per node tick: count silence, wake what it concerns, send our liveness messages."""
         leads: list[tuple[int, int]] = []
         peers: set[int] = set()
         watching: dict[int, list["GroupDriver"]] = {}
+        leaders_asleep: list["GroupDriver"] = []
+        quiescing = False  # some group here may quiesce: else nobody needs our liveness
         for g in groups:
+            if g.failed is not None:
+                continue
             r = g.rn.raft
-            if not r.quiesced or g.failed is not None:
+            quiescing = quiescing or r.cfg.quiesce
+            peers.update(r.trk.progress)
+            if not r.quiesced:
                 continue
             if r.state == _LEADER:
                 leads.append((g.group_id, r.term))
-                peers.update(r.trk.progress)
+                leaders_asleep.append(g)
             else:
                 watching.setdefault(r.lead, []).append(g)
         self.watching = watching
+        peers.update(watching)
+        peers.discard(self.node_id)
         silent = self.silent
+        for peer in peers:
+            silent[peer] = silent.get(peer, 0) + 1  # heard() resets it on every batch
+        for peer in [p for p in silent if p not in peers]:
+            del silent[peer]  # no group of ours involves it any more
+        limit = self.silence_ticks
         for lead, followers in watching.items():
-            n = silent.get(lead, 0) + 1
-            silent[lead] = n
-            if n > self.silence_ticks:
+            if silent.get(lead, 0) > limit:
                 self.wakes_silent += len(followers)
                 for g in followers:
                     g.request_wake(lease_expired=True)
-        for peer in [p for p in silent if p not in watching]:
-            del silent[peer]  # nothing of ours waits on it; counting starts again at its next batch
-        peers.discard(self.node_id)
-        if peers:
+        me = self.node_id
+        for g in leaders_asleep:
+            voters = g.rn.raft.trk.config.voters
+            alive = {v: v == me or silent.get(v, 0) <= limit for v in voters.ids()}
+            if voters.vote_result(alive) != VoteResult.WON:
+                self.wakes_lost_quorum += 1
+                g.request_wake(lease_expired=True)
+        if peers and quiescing:
             contexts = encode_leads(leads)
             for peer in peers:
                 for ctx in contexts:
-                    send(LIVENESS_GROUP_ID, Message(MessageType.HEARTBEAT, to=peer, frm=self.node_id,
-                                                    context=ctx))
+                    send(LIVENESS_GROUP_ID, Message(MessageType.HEARTBEAT, to=peer, frm=me, context=ctx))
                     self.sent += 1
 
     def received(self, peer: int, m: Message) -> None:

@@ -1,10 +1,13 @@
 """Quiesced groups in the runtime: MultiRaft stops ticking them, NodeLiveness watches the
 leaders' nodes (node/runtime/liveness.py), and a dead leader's groups still fail over."""
 import asyncio
+import random
 import time
 
 import pytest
 
+from xraft.node.raft.config import Config
+from xraft.node.raft.quorum import JointConfig
 from xraft.node.raft.types import Message, MessageType as MT, StateRole
 from xraft.node.runtime.liveness import (
     LIVENESS_GROUP_ID, MAX_PAIRS_PER_MESSAGE, NodeLiveness, decode_leads, encode_leads)
@@ -103,7 +106,9 @@ def test_a_node_without_quiescence_never_sends_liveness(tmp_path, run):
 class _Raft:
     def __init__(self, state, term, lead, quiesced=True, progress=(1, 2, 3)):
         self.state, self.term, self.lead, self.quiesced = state, term, lead, quiesced
-        self.trk = type("T", (), {"progress": {p: None for p in progress}})()
+        self.cfg = Config(id=1, rng=random.Random(0), quiesce=True)
+        self.trk = type("T", (), {"progress": {p: None for p in progress},
+                                  "config": type("C", (), {"voters": JointConfig(progress)})()})()
 
 
 class _Group:
@@ -141,6 +146,13 @@ def test_liveness_lists_quiesced_leads_and_wakes_followers_of_silent_or_unlistin
     # Garbage is counted and ignored.
     lv.received(2, Message(MT.HEARTBEAT, to=1, frm=2, context=b"123"))
     assert lv.bad_messages == 1 and f_of_2.wakes == [False]
+    # Our quiesced leader of (1, 2, 3): node 3 silent is one of three, node 2 still talks:
+    # a quorum of its voters' nodes is alive, it sleeps on.
+    assert lead.wakes == [] and lv.wakes_lost_quorum == 0
+    # Node 2 goes silent too: the leader has lost its quorum and is woken, lease expired.
+    for _ in range(4):
+        lv.on_tick(groups, lambda gid, m: None)
+    assert lead.wakes and all(lead.wakes) and lv.wakes_lost_quorum >= 1
 
 
 def test_liveness_contexts_split_at_the_codec_limit():

@@ -25,6 +25,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from xraft.node.raft.quorum import VoteResult
 from xraft.node.raft.types import Message, MessageType as MT, StateRole, link_violation
 from xraft.ops import linearizability
 
@@ -317,15 +318,25 @@ class Simulation:
             self.report_lost(lost)
 
     def watch_quiesced_leaders(self, ups: list[SimNode]) -> None:
-        """What node/runtime/liveness.py does for a quiesced follower, with a perfect (and so
-        eager) failure detector: its leader's node is down, paused or cut off from it ->
-        wake with the lease expired; the leader's node is up but no longer leads at our term
-        -> wake. Eager wakes are the harsher test: they start elections sooner."""
+        """What node/runtime/liveness.py does, with a perfect (and so eager) failure detector.
+        A quiesced follower: its leader's node is down, paused or cut off from it -> wake with
+        the lease expired; the leader's node is up but no longer leads at our term -> wake.
+        A quiesced leader: a quorum of its voters' nodes is down or cut off -> wake with the
+        lease expired. Eager wakes are the harsher test: they start elections sooner."""
         if any(n.rn.raft.quiesced for n in ups):
             self.quiesced_ticks += 1
         for node in ups:
             r = node.rn.raft
-            if not r.quiesced or r.state == StateRole.LEADER:
+            if not r.quiesced:
+                continue
+            if r.state == StateRole.LEADER:
+                # A quorum of its voters' nodes down or cut off from it: wake, lease expired.
+                voters = r.trk.config.voters
+                alive = {v: v == node.id or (v in self.nodes and self.nodes[v].is_up()
+                                             and (v, node.id) not in self.net.blocked) for v in voters.ids()}
+                if voters.vote_result(alive) != VoteResult.WON:
+                    self.trace_event("wake", node.id, "leader", "quorum silent")
+                    node.call(node.rn.wake, True)
                 continue
             lead = self.nodes.get(r.lead)
             if lead is None or not lead.is_up() or (lead.id, node.id) in self.net.blocked:
