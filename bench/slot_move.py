@@ -12,6 +12,10 @@ BeginMove in the metadata group, the metadata leader drives the move). Figures:
     slot_move_other_write_max_ms    the longest XADD of the probe on another group's key
 
 Targets (issue 10): move <= 5 s, writes to the slot wait <= 1000 ms, others never wait.
+
+Alone, on its own sharded cluster (3 nodes, --groups 6, fsync always, leaders spread first):
+
+    python bench/slot_move.py [--quick] [--json FILE] [--dir DIR]
 """
 from __future__ import annotations
 
@@ -95,3 +99,41 @@ def run_phase(seeds: list, quick: bool, out: dict) -> None:
           f"{result['move_s']:.2f} s (target <= 5 s); writes to the slot waited at most "
           f"{out['slot_move_write_wait_ms']:.0f} ms (target <= 1000; frozen {result['write_wait_ms']} ms in the map), "
           f"to another group at most {out['slot_move_other_write_max_ms']:.0f} ms")
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import os
+    import shutil
+
+    from cluster import layout_of, load_avg, wait_balanced, work_dir  # bench/cluster.py, beside this file
+    from xraft.ops import local_cluster as lc
+
+    ap = argparse.ArgumentParser(description="the slot-move phase of bench/cluster.py, alone")
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK_ENTRIES:,} entries, {QUICK_PENDING:,} pending")
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one); "
+                                  "the cluster lives in DIR/sharded")
+    args = ap.parse_args(argv)
+    root = work_dir(args.dir, "xraft-slotmove-")
+    d = os.path.join(root, "sharded")
+    out: dict = {"loadavg_start": load_avg()}
+    try:
+        cluster = lc.up(d, nodes=3, fsync="always", groups=6)
+        wait_balanced(cluster, layout_of(cluster))
+        run_phase([n.grpc for n in cluster.nodes], args.quick, out)
+    finally:
+        if lc.cluster_file(d).exists():
+            lc.down(d)
+        shutil.rmtree(root, ignore_errors=True)
+    out["loadavg_end"] = load_avg()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

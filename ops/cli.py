@@ -74,8 +74,9 @@ dir_option = click.option("--dir", "dir_", required=True, envvar="XRAFT_LOCAL_DI
 @click.option("--node-command", default=None, metavar="CMD",
               help="Command that runs a node (default: this Python with -m xraft.node.server.node_main).")
 @click.option("--groups", type=click.IntRange(1, lc.MAX_GROUPS), default=None,
-              help="Data Raft groups the slots are split over (default 1; for a new cluster only: "
-                   "leaders spread over the nodes).")
+              help=f"Data Raft groups the slots are split over (default {lc.DEFAULT_GROUPS_PER_NODE} per node; "
+                   "for a new cluster only: leaders spread over the nodes; --groups 1: one group owns "
+                   "every slot).")
 @click.option("--metrics-base-port", type=click.IntRange(1024, 65535), default=None,
               help="Node i serves Prometheus metrics on P+i-1 (xraft-node --metrics); new clusters only.")
 def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command, groups, metrics_base_port):
@@ -89,6 +90,8 @@ def up(dir_, nodes, base_port, fsync, timeout, node_args, node_command, groups, 
     (it must rejoin through a membership change).
     """
     command = node_command.split() if node_command else None
+    if groups is None and not lc.cluster_file(dir_).exists():
+        groups = lc.default_groups(nodes)  # a new cluster is sharded (issue 10); a restart keeps its own
     cluster = _run(lc.up, dir_, nodes=nodes, base_port=base_port, fsync=fsync, timeout=timeout,
                    progress=_progress(), node_command=command, node_args=node_args, groups=groups,
                    metrics_base_port=metrics_base_port)

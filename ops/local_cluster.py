@@ -52,6 +52,13 @@ DEFAULT_NODE_COMMAND = (sys.executable, "-m", "xraft.node.server.node_main")
 FSYNC_CHOICES = ("always", "batch", "never")
 LOG_TAIL_LINES = 15
 MAX_GROUPS = 1024          # the node's limit on --groups (node/server/config.py)
+# `xraftctl local up` without --groups founds a sharded cluster: this many data groups per node,
+# so placement gives every node leaders (issue 10). up() itself keeps 1 (callers say what they need).
+DEFAULT_GROUPS_PER_NODE = 2
+
+
+def default_groups(nodes: int) -> int:
+    return min(MAX_GROUPS, DEFAULT_GROUPS_PER_NODE * nodes)
 
 Progress = Callable[[str], None]
 
@@ -556,7 +563,8 @@ def start_and_wait(cluster, to_start, started, timeout, progress, wait_leader, s
                 return
             leader = find_leader(cluster, timeout=0.5)
             if leader is not None:
-                progress(f"node {leader['id']} is leader (term {leader['term']}) after {time.monotonic() - t0:.1f}s")
+                term = f"term {leader['term']}" if leader["term"] is not None else "one of the groups"
+                progress(f"node {leader['id']} is leader ({term}) after {time.monotonic() - t0:.1f}s")
                 return
         msg = f"waiting: {len(ready)}/{len(to_start)} nodes ready" + (", electing a leader" if len(ready) == len(to_start) else "")
         if msg != last:
@@ -616,7 +624,9 @@ def connection_help(cluster: ClusterInfo, leader: Optional[dict]) -> str:
     seeds = ",".join(n.grpc for n in cluster.nodes)
     lines = [
         f"cluster {cluster.cluster_id}: {len(cluster.nodes)} nodes, files in {cluster.dir}",
-        f"  redis-cli -h {host} -p {port}" + ("      (the leader)" if leader else ""),
+        (f"  redis-cli -c -h {host} -p {port}      ({cluster.groups} groups: -c follows -MOVED to each key's leader)"
+         if cluster.groups > 1 else
+         f"  redis-cli -h {host} -p {port}" + ("      (the leader)" if leader else "")),
         f"  RESP ports: {', '.join(n.resp for n in cluster.nodes)}",
         f"  SDK seeds (gRPC): {seeds}",
         f"    xraft.client.sync.Client(seeds={[n.grpc for n in cluster.nodes]!r})",

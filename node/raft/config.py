@@ -27,6 +27,9 @@ class Config:
     read_only_option: ReadOnlyOption = ReadOnlyOption.SAFE
     disable_proposal_forwarding: bool = False  # followers drop proposals instead of forwarding
     max_snapshot_chunk_bytes: int = 1 << 20  # bytes of snapshot data per MsgSnap
+    # An idle group stops ticking and heartbeating until a message wakes it (quiesce.py);
+    # the application must then watch the leaders' nodes and call RawNode.wake().
+    quiesce: bool = False
     rng: Any = None  # a random.Random-like object (randrange); required: the core imports no random
 
     def validate(self) -> None:
@@ -49,5 +52,7 @@ class Config:
                 raise ConfigError(name, "must be >= 0 (0 = no limit)")
         if self.read_only_option == ReadOnlyOption.LEASE_BASED and not self.check_quorum:
             raise ConfigError("read_only_option", "LEASE_BASED requires check_quorum")
+        if self.quiesce and self.read_only_option == ReadOnlyOption.LEASE_BASED:
+            raise ConfigError("quiesce", "a quiesced leader does not check its quorum: not with LEASE_BASED reads")
         if self.rng is None or not hasattr(self.rng, "randrange"):
             raise ConfigError("rng", "a random.Random-like object with randrange() is required")

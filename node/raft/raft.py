@@ -17,6 +17,7 @@ from typing import Optional
 
 from ..invariant import invariant
 from . import confchange
+from . import quiesce
 from . import raft_leader as leader
 from .codec import MAX_SNAPSHOT_DATA_BYTES, CodecError, decode_conf_change_entry, encode_conf_change_v2
 from .config import Config
@@ -133,6 +134,7 @@ class Raft:
         self.check_quorum = cfg.check_quorum
         self.pre_vote = cfg.pre_vote
         self.snap_rx = SnapshotReceiver()
+        self.quiesced = False  # no ticks, no heartbeats until a message wakes us (quiesce.py)
 
         hs, cs = storage.initial_state()
         cfg_, prs = confchange.restore(self.trk, self.raft_log.last_index(), cs)
@@ -205,6 +207,7 @@ class Raft:
             self.term = term
             self.vote = NONE
         self.lead = NONE
+        self.quiesced = False
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
         self.reset_randomized_election_timeout()
@@ -264,6 +267,8 @@ class Raft:
     # ------------------------------------------------ ticks
 
     def tick(self) -> None:
+        if self.quiesced:
+            return  # asleep: only a message (or the application's wake()) restarts the clocks
         if self.state == StateRole.LEADER:
             leader.tick_heartbeat(self)
         else:
@@ -319,6 +324,8 @@ class Raft:
     # ------------------------------------------------ step
 
     def step(self, m: Message) -> None:
+        if self.quiesced and not quiesce.keeps_asleep(m):
+            quiesce.wake(self, False)
         if m.term == 0:
             pass  # local message (or a forwarded proposal / read)
         elif m.term > self.term:
@@ -459,7 +466,10 @@ class Raft:
         if m.commit > self.raft_log.last_index():
             raise StepError("heartbeat commit beyond our log", m.type, m.frm)
         self.raft_log.commit_to(m.commit)
-        self.send(Message(MT.HEARTBEAT_RESP, to=m.frm, context=m.context))
+        ctx = m.context
+        if ctx == quiesce.QUIESCE_CTX:
+            ctx = quiesce.follower_quiesce(self, m)
+        self.send(Message(MT.HEARTBEAT_RESP, to=m.frm, context=ctx))
 
     def handle_snapshot(self, m: Message) -> None:
         if m.snapshot is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from ..invariant import invariant
+from . import quiesce
 from .progress import ProgressState
 from .quorum import VoteResult
 from .read_only import ReadOnlyOption
@@ -52,6 +53,9 @@ def tick_heartbeat(r: "Raft") -> None:
         return
     if r.heartbeat_elapsed >= r.heartbeat_timeout:
         r.heartbeat_elapsed = 0
+        if r.cfg.quiesce and quiesce.quiescable(r):
+            quiesce.quiesce_leader(r)  # the last heartbeat until something happens
+            return
         r.step(Message(MT.BEAT, frm=r.id))
 
 

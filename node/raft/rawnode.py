@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 from ..invariant import invariant
+from . import quiesce
 from . import raft_leader as leader
 from .codec import MAX_ENTRIES_PER_MESSAGE, conf_change_entry_data
 from .config import Config
@@ -166,6 +167,17 @@ class RawNode:
     def apply_conf_change(self, cc: Union[ConfChange, ConfChangeV2]) -> ConfState:
         """Apply a committed conf change; raises ConfChangeError (identically on all replicas)."""
         return self.raft.apply_conf_change(cc)
+
+    @property
+    def quiesced(self) -> bool:
+        """Asleep (quiesce.py): ticks are no-ops; the application need not tick us at all."""
+        return self.raft.quiesced
+
+    def wake(self, lease_expired: bool = False) -> None:
+        """Resume ticking (quiesce.py). lease_expired: the leader's node is gone or no longer
+        leads this group at our term, so grant votes at once and campaign within an election
+        timeout."""
+        quiesce.wake(self.raft, lease_expired)
 
     def report_unreachable(self, node_id: int) -> None:
         self.raft.step(Message(MT.UNREACHABLE, frm=node_id))

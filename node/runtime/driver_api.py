@@ -139,6 +139,9 @@ class GroupOptions:
     storage: DiskStorageOptions = field(default_factory=lambda: DiskStorageOptions(
         cache_bytes=8 << 20, snapshot_cache_bytes=8 << 20))
     seed: Optional[int] = None  # election jitter seed; None = from os.urandom
+    # Idle groups stop ticking and heartbeating (node/raft/quiesce.py); MultiRaft's liveness
+    # watch (liveness.py) wakes followers whose leader's node goes silent.
+    quiesce: bool = False
 
     def validate(self) -> None:
         for name in ("max_inflight_proposals", "max_proposal_bytes", "max_proposals_per_ready",

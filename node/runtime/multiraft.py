@@ -68,6 +68,7 @@ from typing import Optional, Sequence
 
 from ..raft.types import Message, MessageType
 from .disk_storage import DiskStorage
+from .liveness import LIVENESS_GROUP_ID, NodeLiveness
 from .raft_driver import GroupDriver, GroupOptions, StateMachine
 from .transport import Batch, Transport
 
@@ -166,6 +167,8 @@ class MultiRaft:
         self._crashed_exc: Optional[BaseException] = None
         self._iterating = False
         self.inline_sync_bytes = options.inline_sync_bytes  # read by GroupDriver
+        # Quiesced groups' followers watch their leaders' nodes instead (liveness.py).
+        self.liveness = NodeLiveness(node_id, silence_ticks=options.group.election_tick)
 
     # ------------------------------------------------ life cycle
 
@@ -187,6 +190,8 @@ class MultiRaft:
             raise RuntimeError("add_group() needs a started, open MultiRaft")
         if group_id in self.groups:
             raise ValueError(f"group {group_id} already on node {self.node_id}")
+        if group_id == LIVENESS_GROUP_ID:
+            raise ValueError(f"group id {group_id} is reserved for node liveness messages")
         if len(self.groups) >= self.options.max_groups:
             raise ValueError(f"node {self.node_id} already hosts {len(self.groups)} groups (limit)")
         opts = options or self.options.group
@@ -306,7 +311,11 @@ class MultiRaft:
         self.stats.messages_received += len(batch)
         groups = self.groups
         dirty = self._dirty
+        self.liveness.heard(from_node)
         for gid, m in batch:
+            if gid == LIVENESS_GROUP_ID:
+                self.liveness.received(from_node, m)
+                continue
             g = groups.get(gid)
             if g is None or g.failed is not None:
                 self.stats.unknown_group_messages += 1  # not (yet) hosted here: Raft retries
@@ -370,8 +379,11 @@ class MultiRaft:
             st.ticks += 1
             dirty = self._dirty
             for g in self.groups.values():
+                if g.rn.raft.quiesced:
+                    continue  # asleep: its tick is a no-op (a message or a wake marks it dirty)
                 g.pending_ticks += 1
                 dirty[g] = None
+            self.liveness.on_tick(self.groups.values(), self.send)
         # Groups marked while we pump (their own follow-ups) wait for the next iteration.
         dirty, self._dirty = self._dirty, {}
         for g in dirty:

@@ -197,12 +197,14 @@ class GroupDriver:
             check_quorum=options.check_quorum, pre_vote=options.pre_vote,
             read_only_option=options.read_only_option, max_size_per_msg=options.max_size_per_msg,
             max_inflight_msgs=options.max_inflight_msgs,
-            max_uncommitted_entries_size=options.max_uncommitted_entries_size), storage)
+            max_uncommitted_entries_size=options.max_uncommitted_entries_size,
+            quiesce=options.quiesce), storage)
         self.busy = False  # storage is in the executor: nothing may touch rn or storage
         self.failed: Optional[BaseException] = None
         self.closed = False
         self.task: Optional[asyncio.Task] = None
         self.pending_ticks = 0
+        self._wake: Optional[bool] = None  # request_wake(lease_expired) not yet given to the core
         self._inbox: deque[Message] = deque()
         self._actions: deque[tuple[Callable[[], None], asyncio.Future]] = deque()  # callers' core calls
         self._unreachable: set[int] = set()  # peers to report_unreachable (deduplicated)
@@ -346,6 +348,12 @@ class GroupDriver:
     def report_unreachable(self, peer: int) -> None:
         self._unreachable.add(peer)
 
+    def request_wake(self, lease_expired: bool) -> None:
+        """Wake the quiesced core at the next pump (liveness.py: its leader's node is silent,
+        or no longer lists the group); lease_expired wins over a lease-keeping request."""
+        self._wake = lease_expired or bool(self._wake)
+        self.host.mark_dirty(self)
+
     def report_snapshot(self, peer: int, ok: bool) -> None:
         # At most a few snapshot streams per group exist at a time; keep the latest per peer.
         self._snap_reports = [(p, o) for p, o in self._snap_reports if p != peer]
@@ -358,6 +366,9 @@ class GroupDriver:
             return
         rn = self.rn
         try:
+            if self._wake is not None:
+                rn.wake(self._wake)
+                self._wake = None
             inbox = self._inbox
             while inbox:
                 m = inbox.popleft()

@@ -16,6 +16,7 @@
                [--join SEED_GRPC]                       a NEW node of a running cluster (instead of --peers):
                                                         the map comes from the seed; it waits to be added
                                                         (`xraftctl node add`); docs/sharding.md "Membership"
+               [--no-quiesce]                           idle groups keep heartbeating (node/raft/quiesce.py)
 
 TOML keys are the flag names without the dashes, `-` or `_` alike
 (`cluster-id` or `cluster_id`). `peers` / `resp-peers` take the flag's string
@@ -108,6 +109,9 @@ class NodeConfig:
     pause_moves: bool = False
     # A node joining a running cluster: the seed's gRPC address (node_join.py); None: a founding node.
     join: Optional[str] = None
+    # Idle groups stop ticking and heartbeating (node/raft/quiesce.py, runtime/liveness.py);
+    # no_quiesce keeps every group heartbeating every tick, as before.
+    no_quiesce: bool = False
 
     def addresses(self) -> dict:
         """node id -> NodeAddresses, for redirects and CLUSTER SLOTS. This
@@ -187,6 +191,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--join", metavar="SEED_GRPC",
                    help="join a running cluster through this node (instead of --peers): fetch its slot map "
                         "and wait to be added with `xraftctl node add`")
+    p.add_argument("--no-quiesce", action="store_true", default=None,
+                   help="idle Raft groups keep heartbeating every tick instead of going quiet "
+                        "(default: they quiesce; followers then watch the leader's node)")
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default warning: quiet")
     p.add_argument("--log-json", action="store_true", default=None, help="one JSON object per log line")
     return p
@@ -275,6 +282,8 @@ def build(values: dict) -> NodeConfig:
     v["move_timeout_s"] = _int(v["move_timeout_s"], "move-timeout-s", 1, 86_400)
     if not isinstance(v["pause_moves"], bool):
         raise ConfigError("--pause-moves is a flag (true/false in TOML)")
+    if not isinstance(v["no_quiesce"], bool):
+        raise ConfigError("--no-quiesce is a flag (true/false in TOML)")
     v["client_memory_bytes"] = _int(v["client_memory_bytes"], "client-memory-bytes", 1 << 20, 1 << 50)
     tls = [v.get(k) for k in ("tls_cert", "tls_key", "tls_ca")]
     if any(tls) and not all(tls):

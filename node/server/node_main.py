@@ -189,7 +189,7 @@ class Node:
         wal = WalOptions(fsync=FsyncPolicy[cfg.fsync.upper()],
                          fsync_observer=self.metrics.observe_fsync if self.metrics else None)
         group = GroupOptions(election_tick=cfg.election_ticks, snapshot_entries=cfg.snapshot_entries,
-                             storage=DiskStorageOptions(wal=wal))
+                             storage=DiskStorageOptions(wal=wal), quiesce=not cfg.no_quiesce)
         self.transport = transport
         self.mr = MultiRaft(cfg.id, transport, MultiRaftOptions(tick_interval_s=cfg.tick_ms / 1000, group=group))
         addresses = cfg.addresses()

@@ -432,6 +432,9 @@ class ShardedBackend(Backend):
             "raft_groups": len(self.slot_map.groups),
             "raft_groups_hosted": ",".join(str(g) for g in self.groups),
             "raft_groups_led": ",".join(str(g) for g in led),
+            # Hosted groups asleep (node/raft/quiesce.py): idle, no ticks, no heartbeats.
+            "raft_groups_quiesced": sum(1 for b in self.groups.values()
+                                        if b.driver is not None and b.driver.rn.quiesced),
             "raft_slot_map_epoch": self.slot_map.epoch,
         }
         for gid, b in self.groups.items():

@@ -64,13 +64,13 @@ class ClusterProducer(threading.Thread):
         return sum(len(v) for v in self.acked.values())
 
 
-def every_group_led_among(cluster, ids) -> dict:
+def every_group_led_among(cluster, ids, groups: int = GROUPS) -> dict:
     """{group: leader} when every group has a writable leader among `ids` that all of them name."""
     infos = {i: raft_info(cluster.nodes[i]) for i in ids}
     if not all(infos.values()):
         return {}
     out = {}
-    for g in range(1, GROUPS + 1):
+    for g in range(1, groups + 1):
         lines = {i: inf.get("raft_group%d" % g) for i, inf in infos.items()}
         leaders = {i for i, ln in lines.items() if ln and ln.get("role") == "leader" and ln.get("writable") == 1}
         named = {ln.get("leader_id") for ln in lines.values() if ln}

@@ -27,7 +27,7 @@ STAND_IN = r'''
 import argparse, asyncio, os, signal, socket, stat, sys
 p = argparse.ArgumentParser()
 for f in ("--id", "--cluster-id", "--data-dir", "--grpc", "--resp", "--peers", "--resp-peers", "--secret-file", "--fsync",
-          "--initial-cluster-state"):
+          "--initial-cluster-state", "--groups"):
     p.add_argument(f)
 p.add_argument("--fake", default="")
 a = p.parse_args()
@@ -350,7 +350,7 @@ def _leader(rows):
 
 def test_e2e_real_nodes_failover_and_restart(cluster_dir):
     """up -> status --json -> kill -9 the leader -> a new leader -> down -> up from disk keeps the data."""
-    r = _ctl("local", "up", "--dir", cluster_dir, "--nodes", "3", "--timeout", "40")
+    r = _ctl("local", "up", "--dir", cluster_dir, "--nodes", "3", "--groups", "1", "--timeout", "40")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "redis-cli -h 127.0.0.1 -p" in r.stdout and "is leader" in r.stderr
     rows = json.loads(_ctl("local", "status", "--dir", cluster_dir, "--json").stdout)
@@ -395,6 +395,32 @@ def test_node_argv_passes_groups_only_when_not_one(tmp_path):
     assert lc.load(six.dir).groups == 6                         # kept for restarts
     with pytest.raises(lc.LocalClusterError, match="--groups 0"):
         lc.new_cluster(str(tmp_path / "c"), 3, groups=0)
+
+
+def test_local_up_founds_two_groups_per_node_unless_told(stand_in, tmp_path):
+    """Issue 10: `local up` is sharded by default (2 data groups per node); --groups 1 keeps the
+    one-group cluster; a restart keeps what the cluster was founded with."""
+    runner = CliRunner()
+    cases = {"default": ([], 6), "one": (["--groups", "1"], 1), "five": (["--groups", "5"], 5)}
+    for name, (extra, want) in cases.items():
+        d = str(tmp_path / name)
+        r = runner.invoke(cli.main, ["local", "up", "--dir", d, "--nodes", "3", "--timeout", "20",
+                                     "--node-command", " ".join(stand_in)] + extra)
+        try:
+            assert r.exit_code == 0, r.output
+            cluster = lc.load(d)
+            assert cluster.groups == want, name
+            argv = lc.node_argv(cluster, cluster.node(1))
+            assert (argv[argv.index("--groups") + 1] if "--groups" in argv else "1") == str(want)
+        finally:
+            lc.down(d)
+    r = runner.invoke(cli.main, ["local", "up", "--dir", str(tmp_path / "one"), "--timeout", "20"])
+    try:
+        assert r.exit_code == 0, r.output
+        assert lc.load(str(tmp_path / "one")).groups == 1  # restarted as founded, not re-defaulted
+    finally:
+        lc.down(str(tmp_path / "one"))
+    assert lc.default_groups(9) == 18
 
 
 def test_groups_led_from_info():

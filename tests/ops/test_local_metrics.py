@@ -10,7 +10,7 @@ from tests.ops.test_local_cluster import _ctl, _leader, cluster_dir  # noqa: F40
 
 def test_e2e_local_cluster_serves_metrics_and_status_shows_lag(cluster_dir):  # noqa: F811
     base = next(b for b in range(23000, 60000, 89) if all(lc.port_is_free(p) for p in range(b, b + 3)))
-    r = _ctl("local", "up", "--dir", cluster_dir, "--nodes", "3", "--timeout", "40", "--metrics-base-port", str(base))
+    r = _ctl("local", "up", "--dir", cluster_dir, "--nodes", "3", "--groups", "1", "--timeout", "40", "--metrics-base-port", str(base))
     assert r.returncode == 0, r.stdout + r.stderr
     cluster = lc.load(cluster_dir)
     assert [n.metrics for n in cluster.nodes] == [f"127.0.0.1:{base + i}" for i in range(3)]

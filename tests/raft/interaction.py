@@ -201,6 +201,7 @@ class InteractionEnv:
             "raft-log": self.cmd_raft_log, "raft-state": self.cmd_raft_state,
             "status": self.cmd_status, "compact": self.cmd_compact, "cut": self.cmd_cut,
             "heal": self.cmd_heal, "log-level": self.cmd_log_level, "tick-all": self.cmd_tick_all, "report-unreachable": self.cmd_report_unreachable,
+            "quiesced": self.cmd_quiesced, "wake": self.cmd_wake,
         }
 
     # ---- plumbing
@@ -292,7 +293,8 @@ class InteractionEnv:
                          read_only_option=read_only,
                          max_inflight_msgs=case.get_int("max-inflight", 256),
                          max_size_per_msg=case.get_int("max-size-per-msg", 1 << 20),
-                         max_snapshot_chunk_bytes=case.get_int("snap-chunk", 1 << 20))
+                         max_snapshot_chunk_bytes=case.get_int("snap-chunk", 1 << 20),
+                         quiesce=case.get_bool("quiesce", False))
             raw = RawNode(cfg, storage)
             self.nodes[nid] = Node(raw, storage, cfg, boot)
             st = raw.status()
@@ -516,6 +518,16 @@ class InteractionEnv:
             role, term, lead = self._role(nid)
             cut = " (cut off)" if nid in self.cut else ""
             self.say(f"{nid}: {role} term={term} lead={lead}{cut}")
+
+    def cmd_quiesced(self, case: TestCase) -> None:
+        """Which nodes are asleep (node/raft/quiesce.py)."""
+        for nid in sorted(self.nodes):
+            self.say(f"{nid}: {'quiesced' if self.nodes[nid].raw.quiesced else 'awake'}")
+
+    def cmd_wake(self, case: TestCase) -> None:
+        """`wake 2 [lease-expired]`: what the application does when the leader's node goes silent."""
+        with self.observing():
+            self.nodes[self.one_id(case)].raw.wake(lease_expired="lease-expired" in self.rest(case))
 
     def cmd_status(self, case: TestCase) -> None:
         st = self.nodes[self.one_id(case)].raw.status()

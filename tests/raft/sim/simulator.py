@@ -25,6 +25,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from xraft.node.raft.quorum import VoteResult
 from xraft.node.raft.types import Message, MessageType as MT, StateRole, link_violation
 from xraft.ops import linearizability
 
@@ -60,6 +61,9 @@ class SimConfig:
     w_admin: float = 0.0
     w_client: float = 3.0
     inject: frozenset = frozenset()  # checker self-tests only: deliberate harness bugs
+    # Idle groups quiesce (node/raft/quiesce.py); the simulation then plays the runtime's
+    # node-liveness watch (watch_quiesced_leaders) after every tick.
+    quiesce: bool = False
 
     def describe(self) -> str:
         n = self.net
@@ -68,7 +72,8 @@ class SimConfig:
                 f"campaign={self.w_campaign} admin={self.w_admin} log_bound={self.log_bound} "
                 f"chunk={self.snapshot_chunk_bytes} msg_bytes={self.max_size_per_msg} "
                 f"inflight={self.max_inflight_msgs} clients={self.clients} timeout={self.request_timeout}"
-                + (f" inject={sorted(self.inject)}" if self.inject else ""))
+                + (f" inject={sorted(self.inject)}" if self.inject else "")
+                + (" quiesce" if self.quiesce else ""))
 
 
 def config_for_seed(seed: int, steps: int = 400, **overrides) -> SimConfig:
@@ -123,6 +128,7 @@ class Result:
     net: tuple
     linearizable: Optional[bool]  # None when the checker ran out of budget
     trace_digest: int
+    quiesced_ticks: int = 0  # ticks at which some node was quiesced (SimConfig.quiesce)
 
 
 class Simulation:
@@ -140,6 +146,7 @@ class Simulation:
         self.next_id = cfg.nodes + 1
         self.lossy = True
         self.pending_lost: list[tuple[int, Message]] = []  # overflowed (via, msg), reported after the event
+        self.quiesced_ticks = 0
         self.relayed = 0  # delivered messages whose link sender is not their frm (forwarded twice)
         voters = tuple(range(1, cfg.nodes + 1))
         for nid in voters:
@@ -299,6 +306,8 @@ class Simulation:
             for node in ups:
                 if rng.random() < 0.9:
                     node.tick()
+            if self.cfg.quiesce:
+                self.watch_quiesced_leaders(ups)
         elif kind == "client":
             self.workload.client_action(rng.choice(idle))
         else:
@@ -307,6 +316,35 @@ class Simulation:
         if self.pending_lost:
             lost, self.pending_lost = self.pending_lost, []
             self.report_lost(lost)
+
+    def watch_quiesced_leaders(self, ups: list[SimNode]) -> None:
+        """What node/runtime/liveness.py does, with a perfect (and so eager) failure detector.
+        A quiesced follower: its leader's node is down, paused or cut off from it -> wake with
+        the lease expired; the leader's node is up but no longer leads at our term -> wake.
+        A quiesced leader: a quorum of its voters' nodes is down or cut off -> wake with the
+        lease expired. Eager wakes are the harsher test: they start elections sooner."""
+        if any(n.rn.raft.quiesced for n in ups):
+            self.quiesced_ticks += 1
+        for node in ups:
+            r = node.rn.raft
+            if not r.quiesced:
+                continue
+            if r.state == StateRole.LEADER:
+                # A quorum of its voters' nodes down or cut off from it: wake, lease expired.
+                voters = r.trk.config.voters
+                alive = {v: v == node.id or (v in self.nodes and self.nodes[v].is_up()
+                                             and (v, node.id) not in self.net.blocked) for v in voters.ids()}
+                if voters.vote_result(alive) != VoteResult.WON:
+                    self.trace_event("wake", node.id, "leader", "quorum silent")
+                    node.call(node.rn.wake, True)
+                continue
+            lead = self.nodes.get(r.lead)
+            if lead is None or not lead.is_up() or (lead.id, node.id) in self.net.blocked:
+                self.trace_event("wake", node.id, f"lead={r.lead}", "silent")
+                node.call(node.rn.wake, True)
+            elif lead.rn.raft.state != StateRole.LEADER or lead.rn.raft.term != r.term:
+                self.trace_event("wake", node.id, f"lead={r.lead}", "not leading")
+                node.call(node.rn.wake, False)
 
     # ------------------------------------------------ phases
 
@@ -380,7 +418,7 @@ class Simulation:
         n = self.net
         return Result(self.seed, self.cfg, self.cfg.steps, settle, self.workload.history,
                       dict(self.workload.counts), (n.sent, n.delivered, n.dropped, n.duplicated), lin,
-                      self.trace_hash)
+                      self.trace_hash, self.quiesced_ticks)
 
     def describe_nodes(self) -> str:
         out = []
