@@ -95,6 +95,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+from ..accel import compiled
 from ..invariant import invariant
 from ..raft.codec import MAX_ENTRY_DATA_BYTES
 from .errors import CorruptEntry, EntryTooLarge
@@ -674,3 +675,12 @@ def _decode_sized(data: bytes, pos: int, end: int, min_len: int, what: str):
     if n < min_len or n > MAX_ARG_BYTES or n > end - pos:
         raise CorruptEntry("%s of %d bytes is out of bounds" % (what, n))
     return data[pos:pos + n], pos + n
+
+
+# Compiled kernel: _decode_xadd_batch above is the reference; its Cython twin
+# (node/fsm/_entry_c.pyx, built by `pip install`) replaces it unless XRAFT_PURE=1
+# or the build had no C compiler. tests/kernels proves them equal.
+PURE_KERNELS = {"_decode_xadd_batch": _decode_xadd_batch}
+_compiled = compiled("xraft.node.fsm._entry_c")
+if _compiled is not None:
+    _decode_xadd_batch = _compiled.decode_xadd_batch
