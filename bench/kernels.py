@@ -11,6 +11,8 @@ Per kernel (setup.py KERNELS; each called directly):
   lp_encode           one listpack entry per call, the bench's fields
                       (b"sensor-id", b"1234", b"temperature", b"19.8")
   lp_append_entries   one stream entry (the values of 2 pairs) appended to a listpack
+  encode_xentries     the entries of one XADD_BATCH of 100 such entries encoded
+                      (XAddBatch.build: the leader, for every SDK batch)
   decode_xadd_batch   one XADD_BATCH of 100 such entries decoded (what every replica
                       does to every record)
 
@@ -78,6 +80,9 @@ def kernels(quick: bool) -> dict:
 
     batch = E.XAddBatch.build(b"bench", [(0, 0, 0, FIELDS)] * BATCH)
     data = batch.raw
+    entries = [(0, 0, 0, FIELDS)] * BATCH
+    pair("encode_xentries", lambda: entc.encode_xentries(entries, None),
+         lambda: E.PURE_KERNELS["_encode_xentries"](entries, None), reps // 100)
     dec_c, dec_py = entc.decode_xadd_batch, E.PURE_KERNELS["_decode_xadd_batch"]
     pair("decode_xadd_batch", lambda: dec_c(data, 0, len(data), BATCH),
          lambda: dec_py(data, 0, len(data), BATCH), reps // 100)

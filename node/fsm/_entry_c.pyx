@@ -11,6 +11,7 @@ xraft.node.accel unless XRAFT_PURE=1.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 import sys
 
@@ -31,9 +32,9 @@ cdef enum:
     OPTS_ALL = 0x3F
     XB_HEAD = 29                  # opts u8, thr_a u64, thr_b u64, limit u64, klen u32
     MIN_XENTRY = 13               # AUTO, npair=1, two empty strings
-    MAX_TXN_COMMANDS = 65536
-    MAX_PAIRS = (1 << 20) // 2    # MAX_ARGC // 2
-    MAX_ARG_BYTES = 512 << 20
+# The limits (MAX_TXN_COMMANDS, MAX_ARGC, MAX_ARG_BYTES) are read from entry.py at each
+# call, as the pure functions read their globals: one definition, and tests that lower
+# them see both kernels obey.
 
 
 cdef inline uint32_t _u32(const unsigned char *p) noexcept:
@@ -54,6 +55,8 @@ def decode_xadd_batch(data, Py_ssize_t pos, Py_ssize_t end, n_obj):
     if not PyBytes_CheckExact(data) or end > PyBytes_GET_SIZE(data) or pos < 0 or pos > end:
         return entry.PURE_KERNELS["_decode_xadd_batch"](data, pos, end, n_obj)
     CorruptEntry = entry.CorruptEntry
+    cdef Py_ssize_t MAX_PAIRS = entry.MAX_ARGC // 2, MAX_ARG_BYTES = entry.MAX_ARG_BYTES
+    MAX_TXN_COMMANDS = entry.MAX_TXN_COMMANDS
     cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(data)
     cdef Py_ssize_t start = pos, klen, ilen, i, j, p, total, maxlen, m
     cdef int64_t n
@@ -151,3 +154,136 @@ def decode_xadd_batch(data, Py_ssize_t pos, Py_ssize_t end, n_obj):
                             limit if opts & OPT_LIMIT else None, tuple(entries), _slice(d, start, pos - start),
                             pid, None if iids is None else tuple(iids))
     return batch, pos
+
+
+cdef extern from "Python.h":
+    bint PyTuple_CheckExact(object o)
+    bint PyList_CheckExact(object o)
+    bint PyLong_CheckExact(object o)
+    bint PyLong_Check(object o)
+    int PyObject_RichCompareBool(object a, object b, int op) except -1
+
+cdef object _U64_MAX_OBJ = 0xFFFFFFFFFFFFFFFF
+
+
+cdef inline void _put_u32(unsigned char *p, uint64_t v) noexcept:
+    p[0] = <unsigned char>((v >> 24) & 0xFF)
+    p[1] = <unsigned char>((v >> 16) & 0xFF)
+    p[2] = <unsigned char>((v >> 8) & 0xFF)
+    p[3] = <unsigned char>(v & 0xFF)
+
+
+cdef inline void _put_u64(unsigned char *p, uint64_t v) noexcept:
+    _put_u32(p, v >> 32)
+    _put_u32(p + 4, v & 0xFFFFFFFF)
+
+
+cdef inline bint _u64_ok(object v):
+    """v is an exact int in 0..2**64-1 (anything else: the reference decides)."""
+    return PyLong_CheckExact(v) and v >= 0 and v <= _U64_MAX_OBJ
+
+
+def encode_xentries(entries, idmp_iids):
+    """entry._encode_xentries, compiled. Only well-formed input is encoded here: at the
+    first thing that is not (a bad ID, an odd field count, a field that is not exact
+    bytes, an input of another shape, ...) the reference runs from the start instead,
+    so every error (invariant, EntryTooLarge) and its order is the reference's own."""
+    cdef Py_ssize_t n, i, j, nf, size = 0, pos = 0, m
+    cdef long kind
+    cdef list items
+    cdef tuple fields
+    cdef object e, iid, ms, seq, f
+    cdef bytes out
+    cdef unsigned char *p
+    cdef Py_ssize_t MAX_PAIRS = sys.modules["xraft.node.fsm.entry"].MAX_ARGC // 2
+    if not (PyTuple_CheckExact(entries) or PyList_CheckExact(entries)) or not (
+            idmp_iids is None or PyTuple_CheckExact(idmp_iids)):
+        return _reference(entries, idmp_iids)
+    n = len(entries)
+    if n == 0 or (idmp_iids is not None and len(idmp_iids) < n):
+        return _reference(entries, idmp_iids)
+    # Pass 1: check everything and size it.
+    items = []
+    for i in range(n):
+        e = entries[i]
+        if not PyTuple_CheckExact(e) or len(<tuple>e) != 4:
+            return _reference(entries, idmp_iids)
+        k, ms, seq, f = <tuple>e
+        if not PyLong_Check(k) or not (0 <= k <= 2) or not _u64_ok(ms) or not _u64_ok(seq):
+            return _reference(entries, idmp_iids)
+        kind = k
+        if PyTuple_CheckExact(f):
+            fields = <tuple>f
+        elif PyList_CheckExact(f):
+            fields = tuple(f)
+        else:
+            return _reference(entries, idmp_iids)
+        nf = len(fields)
+        if nf < 2 or nf & 1 or nf // 2 > MAX_PAIRS:
+            return _reference(entries, idmp_iids)
+        if idmp_iids is not None:
+            iid = idmp_iids[i]
+            if kind != ID_AUTO:
+                return _reference(entries, idmp_iids)
+            if iid is None:
+                size += 4
+            elif PyBytes_CheckExact(iid) and PyBytes_GET_SIZE(iid) > 0:
+                size += 4 + PyBytes_GET_SIZE(iid)
+            else:
+                return _reference(entries, idmp_iids)
+        if kind == ID_AUTO:
+            if ms or seq:
+                return _reference(entries, idmp_iids)
+            size += 1
+        elif kind == ID_AUTO_SEQ:
+            if seq:
+                return _reference(entries, idmp_iids)
+            size += 9
+        else:
+            size += 17
+        size += 4 + 4 * nf
+        for j in range(nf):
+            f = fields[j]
+            if not PyBytes_CheckExact(f):
+                return _reference(entries, idmp_iids)
+            size += PyBytes_GET_SIZE(f)
+        items.append((int(k), ms, seq, fields))
+    # Pass 2: write.
+    out = PyBytes_FromStringAndSize(NULL, size)
+    p = <unsigned char *>PyBytes_AS_STRING(out)
+    for i in range(n):
+        kind, ms, seq, fields = items[i]
+        if idmp_iids is not None:
+            iid = idmp_iids[i]
+            if iid is None:
+                _put_u32(p + pos, 0)
+                pos += 4
+            else:
+                m = PyBytes_GET_SIZE(iid)
+                _put_u32(p + pos, m)
+                memcpy(p + pos + 4, PyBytes_AS_STRING(iid), m)
+                pos += 4 + m
+        p[pos] = <unsigned char>kind
+        pos += 1
+        if kind != ID_AUTO:
+            _put_u64(p + pos, <uint64_t>ms)
+            pos += 8
+            if kind == ID_EXPLICIT:
+                _put_u64(p + pos, <uint64_t>seq)
+                pos += 8
+        nf = len(fields)
+        _put_u32(p + pos, nf // 2)
+        pos += 4
+        for j in range(nf):
+            _put_u32(p + pos, PyBytes_GET_SIZE(fields[j]))
+            pos += 4
+        for j in range(nf):
+            f = fields[j]
+            m = PyBytes_GET_SIZE(f)
+            memcpy(p + pos, PyBytes_AS_STRING(f), m)
+            pos += m
+    return out, tuple(items)
+
+
+cdef object _reference(entries, idmp_iids):
+    return sys.modules["xraft.node.fsm.entry"].PURE_KERNELS["_encode_xentries"](entries, idmp_iids)
