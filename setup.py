@@ -11,12 +11,19 @@ build_proto command below (see proto/codegen.py), which runs first in every
 build: `pip install .` (wheel) and `pip install -e .` (PEP 660 editable) alike.
 It writes into the source tree, proto/v1/: an editable install imports from
 there, and build_py copies from there into a wheel.
+
+The hot kernels (KERNELS below: Cython twins of pure functions, issue 14) are
+compiled by build_ext when Cython and a C compiler are there. They are
+optional: without a compiler (or with XRAFT_NO_CEXT=1 at build time) the
+install still succeeds and xraft runs its pure-Python modules, which stay the
+reference either way (xraft.node.accel; XRAFT_PURE=1 forces them at run time).
 """
 import importlib.util
 import os
 
-from setuptools import Command, setup
+from setuptools import Command, Extension, setup
 from setuptools.command.build import build
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOTS = {"xraft.node": "node", "xraft.client": "client", "xraft.proto": "proto", "xraft.ops": "ops",
@@ -88,6 +95,45 @@ class build_py_with_proto(build_py):
         super().run()
 
 
+# Compiled kernels: module name -> its .pyx (each has a pure twin it must equal; tests/kernels).
+KERNELS = {
+    "xraft.node.engine._listpack_c": "node/engine/_listpack_c.pyx",
+    "xraft.node.fsm._entry_c": "node/fsm/_entry_c.pyx",
+}
+
+
+def _kernel_extensions() -> list:
+    if os.environ.get("XRAFT_NO_CEXT", "") not in ("", "0"):
+        print("build_ext: XRAFT_NO_CEXT is set; xraft installs its pure-Python kernels only")
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        print("build_ext: Cython is not installed; xraft installs its pure-Python kernels only")
+        return []
+    exts = [Extension(name, [src], extra_compile_args=["-O2"]) for name, src in KERNELS.items()]
+    # The generated .c goes to build/ (ignored by git), not beside the .pyx.
+    return cythonize(exts, build_dir="build/cython", quiet=True,
+                     compiler_directives={"language_level": 3})
+
+
+class optional_build_ext(build_ext):
+    """build_ext that never fails the install: a kernel that does not compile is
+    left out (a warning says so) and its pure-Python twin is used."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # no compiler at all (CCompilerError, DistutilsPlatformError, ...)
+            print(f"build_ext: WARNING: compiled kernels not built ({e}); xraft runs pure Python")
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as e:
+            print(f"build_ext: WARNING: {ext.name} not built ({e}); its pure-Python twin is used")
+
+
 packages, package_dir = _packages()
 setup(
     packages=packages,
@@ -98,5 +144,7 @@ setup(
     # modules and stubs; the sources stay in the sdist, where codegen runs.
     include_package_data=False,
     package_data={"xraft.proto.v1": ["*.pyi"]},
-    cmdclass={"build": build_with_proto, "build_py": build_py_with_proto, "build_proto": build_proto},
+    ext_modules=_kernel_extensions(),
+    cmdclass={"build": build_with_proto, "build_py": build_py_with_proto, "build_proto": build_proto,
+              "build_ext": optional_build_ext},
 )

@@ -27,3 +27,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "soak" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    # Which kernels this run tests: compiled (the default install) or pure (XRAFT_PURE=1).
+    from xraft.node import accel
+    from xraft.node.engine import listpack  # noqa: F401  (asks for its compiled twin)
+    from xraft.node.fsm import entry  # noqa: F401
+    return f"xraft kernels: {accel.mode()}"

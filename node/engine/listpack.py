@@ -57,6 +57,7 @@ untrusted bytes must go through `lp_validate` first.
 """
 import struct
 
+from ..accel import compiled
 from ..invariant import invariant
 
 LP_HDR_SIZE = 6
@@ -221,6 +222,9 @@ def lp_encode(ele) -> bytes:
     return lp_encode(int(ele) if isinstance(ele, int) else bytes(ele))
 
 
+_lp_encode_py = lp_encode   # the reference, for lp_append_entries even once compiled twins replace both
+
+
 # ---------------------------------------------------------------- decoding
 
 def _entry_size(lp, p: int) -> int:
@@ -353,6 +357,24 @@ def lp_append_many(lp: bytearray, eles) -> None:
     lp[-1:] = blob
     lp.append(LP_EOF)
     _grow_header(lp, len(blob), len(encs))
+
+
+def lp_append_entries(lp: bytearray, head: bytes, eles, start: int, step: int, tail: bytes,
+                      added: int) -> None:
+    """Append `head`, then lp_encode(e) for e in eles[start::step], then `tail`
+    before the terminator, and count `added` elements in the header (`head`
+    and `tail` are already-encoded entries). One stream entry in one buffer
+    edit: XADD's hot path. The count saturates at 65535 ("unknown"), as in
+    redis. Has a compiled twin (_listpack_c); this is the reference."""
+    blob = b"".join([head, *map(_lp_encode_py, eles[start::step]), tail])
+    count = _HDR.unpack_from(lp, 0)[1]
+    if len(lp) + len(blob) > _UINT32_MAX:
+        invariant(False, "listpack over 4 GiB")
+    lp[-1:] = blob
+    lp.append(LP_EOF)
+    if count != LP_HDR_NUMELE_UNKNOWN:
+        count = min(count + added, LP_HDR_NUMELE_UNKNOWN)
+    _HDR.pack_into(lp, 0, len(lp), count)
 
 
 # ---------------------------------------------------------------- navigation
@@ -669,3 +691,14 @@ def lp_validate(buf, deep: bool = True, max_bytes: int = LISTPACK_MAX_SAFETY_SIZ
         count += 1
     if numele != LP_HDR_NUMELE_UNKNOWN and numele != count:
         raise CorruptListpack("header says %d elements, found %d" % (numele, count))
+
+
+# ---------------------------------------------------------------- compiled kernels
+# The pure functions above are the reference; the compiled twins (Cython,
+# node/engine/_listpack_c.pyx, built by `pip install`) replace them here unless
+# XRAFT_PURE=1 or the build had no C compiler. tests/kernels prove them equal.
+PURE_KERNELS = {"lp_encode": lp_encode, "lp_append_entries": lp_append_entries}
+_compiled = compiled("xraft.node.engine._listpack_c")
+if _compiled is not None:
+    lp_encode = _compiled.lp_encode
+    lp_append_entries = _compiled.lp_append_entries

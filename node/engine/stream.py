@@ -69,8 +69,8 @@ from bisect import bisect_left
 from ..invariant import invariant
 from .keyspace import register_type
 from .listpack import (
-    LP_HDR_SIZE, LP_SMALL_INT, CorruptListpack, lp_append_many, lp_decode_all, lp_encode, lp_first,
-    lp_get_int, lp_get_with_next, lp_last, lp_new, lp_next, lp_prev, lp_replace_int, lp_validate,
+    LP_HDR_SIZE, LP_SMALL_INT, CorruptListpack, lp_append_entries, lp_append_many, lp_decode_all, lp_encode,
+    lp_first, lp_get_int, lp_get_with_next, lp_last, lp_new, lp_next, lp_prev, lp_replace_int, lp_validate,
 )
 from .rax import Rax
 from .streamid import MAX_ID, MIN_ID, UINT64_MAX, StreamID
@@ -115,21 +115,6 @@ def _as_bytes(v) -> bytes:
 
 _ENC_SAMEFIELDS = lp_encode(FLAG_SAMEFIELDS)
 _ENC_NONE = lp_encode(FLAG_NONE)
-_LP_HDR = struct.Struct("<IH")                   # listpack header: total bytes, element count
-
-
-def _lp_extend(lp: bytearray, blob: bytes, added: int) -> None:
-    """Append `added` already-encoded listpack entries (`blob`) before the 0xFF
-    terminator and fix the header (lp_append_many without re-encoding: XADD's
-    hot path). The element count saturates at 65535 ("unknown"), as in redis."""
-    count = _LP_HDR.unpack_from(lp, 0)[1]
-    lp[-1:] = blob
-    lp.append(0xFF)
-    if count != 0xFFFF:
-        count = min(count + added, 0xFFFF)
-    if len(lp) > _LP_MAX_BYTES:
-        invariant(False, "listpack over 4 GiB")
-    _LP_HDR.pack_into(lp, 0, len(lp), count)
 
 
 class _Master:
@@ -288,12 +273,10 @@ class Stream:
             seqd = LP_SMALL_INT[seqd + 4096] if -4096 <= seqd <= 4095 else lp_encode(seqd)
             if names == self._tail_names:
                 lp_count = LP_SMALL_INT[numfields + 4099] if numfields <= 4092 else lp_encode(numfields + 3)
-                blob = b"".join([_ENC_SAMEFIELDS, msd, seqd, *map(lp_encode, fields[1::2]), lp_count])
-                _lp_extend(lp, blob, numfields + 4)
+                lp_append_entries(lp, _ENC_SAMEFIELDS + msd + seqd, fields, 1, 2, lp_count, numfields + 4)
             else:
-                blob = b"".join([_ENC_NONE, msd, seqd, lp_encode(numfields),
-                                 *map(lp_encode, fields), lp_encode(nfv + 4)])
-                _lp_extend(lp, blob, nfv + 5)
+                lp_append_entries(lp, b"".join((_ENC_NONE, msd, seqd, lp_encode(numfields))), fields, 0, 1,
+                                  lp_encode(nfv + 4), nfv + 5)
             self._tail_items += 1
         self.length += 1
         self.entries_added += 1

@@ -95,6 +95,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+from ..accel import compiled
 from ..invariant import invariant
 from ..raft.codec import MAX_ENTRY_DATA_BYTES
 from .errors import CorruptEntry, EntryTooLarge
@@ -225,54 +226,63 @@ class XAddBatch:
         else:
             invariant(idmp_iids is None, "idempotent ids without a producer")
         out = [_XB_HEAD.pack(opts, a, b, limit or 0, len(key)), key]
-        append, extend = out.append, out.extend
         if idmp_pid is not None:
-            append(_U32.pack(len(idmp_pid)))
-            append(idmp_pid)
-        items = []
-        max_pairs = MAX_ARGC // 2
-        for i, (kind, ms, seq, fields) in enumerate(entries):
-            if idmp_pid is not None:
-                iid = idmp_iids[i]
-                if kind != _ID_AUTO:
-                    invariant(False, "IDMP needs '*' IDs")
-                if iid is None:
-                    append(b"\x00\x00\x00\x00")          # IDMPAUTO
-                else:
-                    if iid.__class__ is not bytes or not iid:
-                        invariant(False, "an IDMP iid is non-empty bytes")
-                    append(_U32.pack(len(iid)))
-                    append(iid)
-            fields = tuple(fields)
-            nf = len(fields)
-            npair = nf >> 1
-            if not npair or nf & 1:
-                invariant(False, "an XADD entry needs field/value pairs")
-            if npair > max_pairs:
-                raise EntryTooLarge("ERR xraft: XADD entry with %d field/value pairs (limit %d)"
-                                    % (npair, max_pairs))
-            # (Checks written as `if`: invariant() is a call per entry even when it holds.)
-            if kind == _ID_AUTO:
-                if ms or seq:
-                    invariant(False, "an AUTO ID carries no numbers")
-                append(b"\x00")
-            elif kind == _ID_AUTO_SEQ:
-                if seq or not 0 <= ms <= MAX_U64:
-                    invariant(False, "AUTO_SEQ ID out of range")
-                append(_XE_AUTO_SEQ.pack(_ID_AUTO_SEQ, ms))
-            else:
-                if kind != _ID_EXPLICIT or not (0 <= ms <= MAX_U64 and 0 <= seq <= MAX_U64):
-                    invariant(False, "bad entry ID %r %r-%r" % (kind, ms, seq))
-                append(_XE_EXPLICIT.pack(_ID_EXPLICIT, ms, seq))
-            lens = _lens_struct(nf + 1)
-            append(lens.pack(npair, *map(len, fields)))
-            extend(fields)
-            items.append((int(kind), ms, seq, fields))
-        invariant(items, "an XADD batch holds at least one entry")
-        # `out` holds the fields and bytes we packed: one C-level pass checks them all.
-        invariant(set(map(type, out)) == {bytes}, "fields are bytes")
-        return cls(key, bool(no_mkstream), strategy, bool(approx), threshold, limit, tuple(items),
+            out.append(_U32.pack(len(idmp_pid)))
+            out.append(idmp_pid)
+        body, items = _encode_xentries(entries, idmp_iids)
+        out.append(body)
+        return cls(key, bool(no_mkstream), strategy, bool(approx), threshold, limit, items,
                    b"".join(out), idmp_pid, idmp_iids)
+
+
+def _encode_xentries(entries, idmp_iids) -> tuple:
+    """(the encoded xentries, the entries as XAddBatch.entries holds them) of
+    XAddBatch.build: its checks, in its order (idmp_iids: None, or one iid or None per
+    entry). Has a compiled twin (_entry_c); this is the reference."""
+    out = []
+    append, extend = out.append, out.extend
+    items = []
+    max_pairs = MAX_ARGC // 2
+    for i, (kind, ms, seq, fields) in enumerate(entries):
+        if idmp_iids is not None:
+            iid = idmp_iids[i]
+            if kind != _ID_AUTO:
+                invariant(False, "IDMP needs '*' IDs")
+            if iid is None:
+                append(b"\x00\x00\x00\x00")          # IDMPAUTO
+            else:
+                invariant(type(iid) is bytes and iid, "an IDMP iid is non-empty bytes")
+                append(_U32.pack(len(iid)))
+                append(iid)
+        fields = tuple(fields)
+        nf = len(fields)
+        npair = nf >> 1
+        if not npair or nf & 1:
+            invariant(False, "an XADD entry needs field/value pairs")
+        if npair > max_pairs:
+            raise EntryTooLarge("ERR xraft: XADD entry with %d field/value pairs (limit %d)"
+                                % (npair, max_pairs))
+        # (Checks written as `if`: invariant() is a call per entry even when it holds.)
+        if kind == _ID_AUTO:
+            if ms or seq:
+                invariant(False, "an AUTO ID carries no numbers")
+            append(b"\x00")
+        elif kind == _ID_AUTO_SEQ:
+            if seq or not 0 <= ms <= MAX_U64:
+                invariant(False, "AUTO_SEQ ID out of range")
+            append(_XE_AUTO_SEQ.pack(_ID_AUTO_SEQ, ms))
+        else:
+            if kind != _ID_EXPLICIT or not (0 <= ms <= MAX_U64 and 0 <= seq <= MAX_U64):
+                invariant(False, "bad entry ID %r %r-%r" % (kind, ms, seq))
+            append(_XE_EXPLICIT.pack(_ID_EXPLICIT, ms, seq))
+        lens = _lens_struct(nf + 1)
+        append(lens.pack(npair, *map(len, fields)))
+        extend(fields)
+        items.append((int(kind), ms, seq, fields))
+    invariant(items, "an XADD batch holds at least one entry")
+    # `out` holds the fields and bytes we packed: one C-level pass checks them all.
+    invariant(set(map(type, out)) == {bytes}, "fields are bytes")
+    return b"".join(out), tuple(items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -675,3 +685,13 @@ def _decode_sized(data: bytes, pos: int, end: int, min_len: int, what: str):
     if n < min_len or n > MAX_ARG_BYTES or n > end - pos:
         raise CorruptEntry("%s of %d bytes is out of bounds" % (what, n))
     return data[pos:pos + n], pos + n
+
+
+# Compiled kernels: _decode_xadd_batch and _encode_xentries above are the reference; their Cython twins
+# (node/fsm/_entry_c.pyx, built by `pip install`) replace them unless XRAFT_PURE=1
+# or the build had no C compiler. tests/kernels proves them equal.
+PURE_KERNELS = {"_decode_xadd_batch": _decode_xadd_batch, "_encode_xentries": _encode_xentries}
+_compiled = compiled("xraft.node.fsm._entry_c")
+if _compiled is not None:
+    _decode_xadd_batch = _compiled.decode_xadd_batch
+    _encode_xentries = _compiled.encode_xentries
