@@ -226,7 +226,7 @@ def xadd(db, argv, now_ms):
     iid = None
     if args.idmp_pid is not None:
         iid = manual_iid(args.idmp_iid) if args.idmp_iid is not None else auto_iid(fields)
-        dup = _idmp_duplicate(stream, args.idmp_pid, iid, now_ms)
+        dup = _idmp_duplicate(stream, args.idmp_pid, args.idmp_iid, iid, now_ms)
         if dup is not None:
             return dup
     # A new stream is built aside and stored only once nothing can fail.
@@ -252,18 +252,22 @@ def xadd(db, argv, now_ms):
     return format_id(sid)
 
 
-def _idmp_duplicate(stream, pid: bytes, iid: bytes, now_ms: int):
+def _idmp_duplicate(stream, pid: bytes, raw_iid, iid: bytes, now_ms: int):
     """The reply of an IDMP XADD whose pair the stream still tracks (counted
-    as a duplicate), else None. Expiry runs first, at the record's time."""
+    as a duplicate), else None. Expiry runs first, at the record's time.
+    raw_iid: IDMP's id as sent (None for IDMPAUTO), iid: its key."""
     state = None if stream is None else stream.idmp
     if state is None:
         return None
     state.expire(now_ms)
-    sid = state.lookup(pid, iid)
-    if sid is None:
+    ids = state.producers.get(pid)
+    if ids is None:
+        return None
+    value = ids.get(iid) if raw_iid is None else state.find_manual(ids, raw_iid, iid)
+    if value is None:
         return None
     state.iids_duplicates += 1
-    return format_id(sid)
+    return format_id(value[0])
 
 
 # -- XADD of many entries -----------------------------------------------------
@@ -362,6 +366,7 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
         if idmp:
             # xadd's _idmp_duplicate, with expiry once (every entry has the same
             # now_ms) and the producer's dict looked up once.
+            raw_iid = iid
             iid = manual_iid(iid) if iid is not None else auto_iid(fields)
             if state is None:
                 state = target.idmp
@@ -372,6 +377,8 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
                     recorded = state.producers.get(idmp_pid)   # recording makes it if None
                 if recorded is not None:
                     dup = recorded.get(iid)
+                    if dup is None and state.legacy_until_ms and raw_iid is not None:
+                        dup = state.find_manual(recorded, raw_iid, iid)
                     if dup is not None:
                         state.iids_duplicates += 1
                         add(format_id(dup[0]))

@@ -23,8 +23,11 @@ short id with probability 2**-128, the same odds as two digests colliding.
 IDMPAUTO's iid is the digest of the entry's field/value pairs sorted (so
 field order does not matter, as in redis), in another domain than IDMP's,
 so both modes never collide. hashlib is deterministic across processes and
-PYTHONHASHSEEDs. (A snapshot written before short ids were kept padded holds
-their digests: such a pair is not found again after the upgrade.)
+PYTHONHASHSEEDs. A snapshot written before short ids were kept padded (stream
+record version < 5) holds their digests: `legacy_until_ms` then says until
+when a short id not found padded is looked up by its digest too
+(`find_manual`), so a retry across the upgrade is still answered as a
+duplicate.
 
 Limits: per producer at most `maxsize` ids (oldest evicted first, redis's
 rule); per stream at most MAX_TRACKED_IIDS ids over all producers (xraft's
@@ -62,6 +65,11 @@ _U32 = struct.Struct(">I")
 
 _SHORT_IID = 16                   # ids shorter than this are kept as themselves (module doc)
 _PADS = tuple(b"\x00" * (15 - n) + bytes((n,)) for n in range(_SHORT_IID))
+
+
+def legacy_iid(iid: bytes) -> bytes:
+    """The key every IDMP id had before short ids were kept padded: its digest."""
+    return hashlib.blake2b(_IID_MANUAL + iid, digest_size=16).digest()
 
 
 def manual_iid(iid: bytes, _pads=_PADS) -> bytes:
@@ -126,7 +134,7 @@ class IdmpState:
     producer, since each producer loses its pairs oldest first)."""
 
     __slots__ = ("duration_s", "maxsize", "iids_added", "iids_duplicates", "producers", "queue", "tracked",
-                 "queued")
+                 "queued", "legacy_until_ms")
 
     def __init__(self, duration_s: int = DEFAULT_DURATION_S, maxsize: int = DEFAULT_MAXSIZE):
         self.duration_s = duration_s      # Invariant: 1 <= duration_s <= MAX_DURATION_S
@@ -139,6 +147,10 @@ class IdmpState:
         self.queue: deque = deque()
         self.tracked = 0                  # Invariant: the pairs in `producers`, all producers together
         self.queued = 0                   # keys in the queue's chunks, dead ones included
+        # 0, or the newest added_ms of pairs loaded from a record of version < 5,
+        # whose short ids are digests (module doc). Invariant: >= 0; back to 0
+        # once expiry has passed it (every such pair is gone by then).
+        self.legacy_until_ms = 0
 
     def _drop(self, chunk: _Chunk, pos: int) -> bool:
         """Forget chunk.keys[pos] if it is live there; whether it was."""
@@ -175,6 +187,17 @@ class IdmpState:
             if chunk.live:
                 for pos in range(chunk.first, len(chunk.keys)):
                     self._drop(chunk, pos)
+        if self.legacy_until_ms and self.legacy_until_ms < horizon:
+            self.legacy_until_ms = 0
+
+    def find_manual(self, ids, raw_iid: bytes, key: bytes):
+        """The value `ids` (a producer's dict) holds for an IDMP id whose key
+        is `key` (manual_iid(raw_iid)), trying its old digest key while pairs
+        from an older record may hold one; None if neither is there."""
+        value = ids.get(key)
+        if value is None and self.legacy_until_ms and len(raw_iid) < _SHORT_IID:
+            value = ids.get(legacy_iid(raw_iid))
+        return value
 
     def lookup(self, pid: bytes, iid: bytes):
         """The StreamID recorded for (pid, iid), or None."""

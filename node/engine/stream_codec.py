@@ -4,7 +4,7 @@ All integers are big-endian. The whole record:
 
     +---------+---------+------------------+----------------------+-------------+
     | "XSTR"  | version |  entries_len u32 | entries (entries_len)| groups ...  |
-    | 4 bytes | u8 = 4  |                  | Stream.dump_entries()|             |
+    | 4 bytes | u8 = 5  |                  | Stream.dump_entries()|             |
     +---------+---------+------------------+----------------------+-------------+
     ... | idmp (version >= 2) | retention u8 (version >= 3) | crc32 u32 |  zlib.crc32 of all before it
 
@@ -49,7 +49,10 @@ All integers are big-endian. The whole record:
     | pid_len u32 | pid | iid key (16) | ID (16) | added_ms i64 |
     +-----------+-----+-------------+-----------+---------------+
     The loader checks the ranges, the time order, no pair twice, maxsize per
-    producer and MAX_TRACKED_IIDS.
+    producer and MAX_TRACKED_IIDS. Version 5 appends `legacy_until_ms i64`
+    (idmp.py: until when short ids may be stored as digests; 0 none). Versions
+    2-4 kept every IDMP id as its digest, so their pairs load with
+    legacy_until_ms = the newest pair's added_ms.
 
 A 16-byte ID is StreamID.encode(): ms u64 then seq u64, so byte order is ID
 order. (In memory PEL keys are StreamIDs, pel.py; the bytes are the same as when
@@ -77,8 +80,10 @@ from .stream import Stream
 from .streamid import StreamID
 
 MAGIC = b"XSTR"
-VERSION = 4                     # 2: the idmp section; 3: the retention byte; 4: group policies
-READABLE_VERSIONS = (1, 2, 3, 4)
+VERSION = 5                     # 2: the idmp section; 3: the retention byte; 4: group policies;
+                                # 5: idmp legacy_until_ms (short ids kept padded)
+PADDED_IID_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 POLICY_VERSION = 4              # groups carry their dead-letter policy from this version on
 _RETENTIONS = (None, "acked")   # the retention byte's values (refs.RETENTION_ACKED)
 NO_GROUPS = 0xFFFFFFFF          # ngroups value: cgroups is None
@@ -137,6 +142,7 @@ def _dump_idmp(out: list, state) -> None:
         out.append(_U32.pack(len(pid)))
         out.append(pid)
         out.append(pack(iid, sid[0], sid[1], added_ms))
+    out.append(_I64.pack(state.legacy_until_ms))
 
 
 def _dump_group(out: list, name: bytes, group) -> None:
@@ -236,7 +242,7 @@ def load_stream(buf) -> Stream:
             prev = name
             stream.cgroups.insert(name, _load_group(reader, stream, version))
     if version >= 2:
-        stream.idmp = _load_idmp(reader)
+        stream.idmp = _load_idmp(reader, version)
     if version >= 3:
         code = reader.take(1)[0]
         if code >= len(_RETENTIONS):
@@ -248,7 +254,7 @@ def load_stream(buf) -> Stream:
     return stream
 
 
-def _load_idmp(reader: _Reader):
+def _load_idmp(reader: _Reader, version: int):
     has = reader.take(1)[0]
     if has == 0:
         return None
@@ -274,6 +280,13 @@ def _load_idmp(reader: _Reader):
             raise CorruptStreamState("stream snapshot: idmp producer over maxsize")
         if not state.load_pair(pid, iid, StreamID(ms, seq), added_ms):
             raise CorruptStreamState("stream snapshot: idmp pair twice")
+    if version >= PADDED_IID_VERSION:
+        legacy = reader.i64()
+        if legacy < 0:
+            raise CorruptStreamState("stream snapshot: negative idmp legacy_until_ms")
+        state.legacy_until_ms = legacy
+    elif prev_ms is not None:
+        state.legacy_until_ms = prev_ms
     return state
 
 

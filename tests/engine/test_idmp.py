@@ -284,14 +284,49 @@ def test_version_1_snapshot_still_loads():
     assert loaded.idmp is None and dump_stream(loaded) == v4
 
 
+def _older_version(v5: bytes, version: int) -> bytes:
+    """A version-5 record with an idmp table (and no groups) as `version` (2-4) wrote it:
+    without legacy_until_ms (8 bytes before the retention byte), and for 2 without retention."""
+    body = bytearray(v5[:-4 - 1 - 8] + (v5[-5:-4] if version >= 3 else b""))
+    body[4] = version
+    return _refit(bytes(body))
+
+
 def test_version_2_snapshot_still_loads():
     db = Keyspace()
     call(db, "XADD", "s", "IDMP", "p", "r", "*", "f", "v")
-    v3 = dump_stream(db.get(b"s"))
-    body = bytearray(v3[:-4 - 1])          # drop the retention byte and the CRC
-    body[4] = 2
-    loaded = load_stream(bytes(body) + struct.pack(">I", zlib.crc32(bytes(body))))
-    assert loaded.retention is None and dump_stream(loaded) == v3
+    v5 = dump_stream(db.get(b"s"))
+    loaded = load_stream(_older_version(v5, 2))
+    assert loaded.retention is None
+    # a version-2 table's short ids may be digests: looked up both ways until they expire
+    assert loaded.idmp.legacy_until_ms == 1000
+    loaded.idmp.legacy_until_ms = 0
+    assert dump_stream(loaded) == v5
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_short_ids_digested_by_an_older_version_are_still_duplicates(version):
+    # Versions < 5 kept every IDMP id as its digest; a retry after the upgrade must
+    # still be answered with the first entry's ID, by both XADD paths.
+    db = Keyspace()
+    first = call(db, "XADD", "s", "IDMPAUTO", "x", "*", "f", "v", now_ms=1000)
+    stream = db.get(b"s")
+    sid = stream.last_id
+    stream.idmp.record(b"p", im.legacy_iid(b"r1"), sid, 1000)       # as the old code recorded it
+    stream.idmp.record(b"p", im.legacy_iid(b"r2"), sid, 1000)
+    old = _older_version(dump_stream(stream), version)
+    db2 = Keyspace()
+    db2.set(b"s", load_stream(old))
+    assert db2.get(b"s").idmp.legacy_until_ms == 1000
+    assert call(db2, "XADD", "s", "IDMP", "p", "r1", "*", "f", "v", now_ms=2000) == first
+    out = xadd_many(db2, b"s", [(ID_AUTO, 0, 0, [b"f", b"v"])] * 2, 2000, idmp_pid=b"p",
+                    idmp_iids=(b"r2", b"r3"))
+    assert out[0] == first and out[1] != first
+    assert call(db2, "XADD", "s", "IDMP", "p", "r3", "*", "f", "v", now_ms=2000) == out[1]
+    # the snapshot keeps the window; past the duration it closes and the pairs are gone
+    assert load_stream(dump_stream(db2.get(b"s"))).idmp.legacy_until_ms == 1000
+    call(db2, "XADD", "s", "IDMP", "p", "r9", "*", "f", "v", now_ms=1000 + 101_000)
+    assert db2.get(b"s").idmp.legacy_until_ms == 0
 
 
 def _refit(body: bytes) -> bytes:
@@ -303,7 +338,8 @@ def test_corrupt_idmp_sections_rejected():
     call(db, "XADD", "s", "IDMP", "p1", "r1", "*", "f", "v", now_ms=1000)
     call(db, "XADD", "s", "IDMP", "p1", "r2", "*", "f", "v", now_ms=2000)
     buf = dump_stream(db.get(b"s"))
-    body, retention = buf[:-5], buf[-5:-4]        # the idmp section ends before the retention byte
+    # the idmp pairs end before legacy_until_ms (version 5) and the retention byte
+    body, legacy, retention = buf[:-13], buf[-13:-5], buf[-5:-4]
     pair = 4 + 2 + 16 + 16 + 8
     head = len(body) - 2 * pair - struct.calcsize(">IIQQI") - 1
     assert body[head] == 1
@@ -319,10 +355,13 @@ def test_corrupt_idmp_sections_rejected():
         body[:-2 * pair] + body[-pair:] + body[-2 * pair:-pair],                     # out of time order
         body[:-2 * pair] + struct.pack(">I", 0) + body[-2 * pair + 4:-pair],         # empty producer
     ]
-    cases.append(body + b"\x02")                                                 # unknown retention
-    for bad in cases[:-1]:
+    cases.append(body + struct.pack(">q", -1) + retention)                        # negative legacy_until_ms
+    cases.append(body + legacy + b"\x02")                                        # unknown retention
+    for bad in cases[:-2]:
         with pytest.raises(CorruptStreamState):
-            load_stream(_refit(bad + retention))
+            load_stream(_refit(bad + legacy + retention))
+    with pytest.raises(CorruptStreamState):
+        load_stream(_refit(cases[-2]))
     with pytest.raises(CorruptStreamState):
         load_stream(_refit(cases[-1]))
     for n in range(head, len(buf)):

@@ -250,7 +250,7 @@ def test_older_records_still_load_without_policy():
     with pytest.raises(CorruptStreamState):         # a version-3 header with version-4 groups
         load_stream(_with_groups([_one_group_record()], version=3))
     with pytest.raises(CorruptStreamState):         # an unknown version
-        load_stream(_with_groups([_one_group_record()], version=5))
+        load_stream(_with_groups([_one_group_record()], version=6))
 
 
 def test_policy_round_trips():
