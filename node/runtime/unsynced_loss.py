@@ -7,11 +7,12 @@ the page cache does not drop dirty pages, so the loss is emulated in the writer.
 
 Enabled only by the environment variable XRAFT_UNSYNCED_LOSS=<marker path> (the
 namespace harness sets it for its nodes, ops/netns_hosts.py; nothing else may). With
-it, the WAL (runtime/wal.py) keeps an undo journal beside each file it writes, in
-`<file>.unsynced-undo`:
+it, the WAL (runtime/wal.py) keeps an undo journal for each file it writes, in the
+directory `<marker>.undo/` (beside the marker, off the node's data filesystem, so an
+ENOSPC fault there never fails the journal), named by a hash of the file's path:
 
-    | "S" | size u64 |                           the file's size at its last fdatasync
-    | "B" | offset u64 | len u32 | len bytes |   what a write or truncation is about to replace
+    | "S" | size u64 | path len u16 | path |       the file's size at its last fdatasync
+    | "B" | offset u64 | len u32 | len bytes |      what a write or truncation is about to replace
 
 A record is appended (plain write, no fsync: a process kill keeps it, and a power
 cut of the machine itself is not what this emulates) *before* the change it undoes,
@@ -34,13 +35,14 @@ lose a snapshot or a new segment's name).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from typing import Optional
 
 ENV = "XRAFT_UNSYNCED_LOSS"
 SUFFIX = ".unsynced-undo"
-_SIZE = struct.Struct(">cQ")
+_SIZE = struct.Struct(">cQH")
 _BYTES = struct.Struct(">cQI")
 # One change's undo is at most what it replaces; a WAL write is bounded by its batch
 # (MAX_PENDING_BYTES + zero-ahead), so this only guards against a runaway journal.
@@ -60,6 +62,10 @@ def _path_of(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
+def _abs(path: str) -> str:
+    return os.path.realpath(path)
+
+
 def _read_at(fd: int, offset: int, n: int) -> bytes:
     """n bytes at offset of fd's file (the writer's fd may be write-only)."""
     rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
@@ -74,6 +80,10 @@ class UnsyncedLoss:
 
     def __init__(self, marker: str):
         self.marker = marker
+        self.dir = marker + ".undo"
+
+    def journal_of(self, path: str) -> str:
+        return os.path.join(self.dir, hashlib.sha256(_abs(path).encode()).hexdigest()[:40] + SUFFIX)
 
     # -- the writer's hooks ---------------------------------------------------------
     def before_write(self, fd: int, offset: int, length: int) -> None:
@@ -89,37 +99,44 @@ class UnsyncedLoss:
 
     def synced(self, fd: int) -> None:
         """fdatasync(fd) returned: nothing of the file is unsynced any more."""
-        try:
-            os.unlink(_path_of(fd) + SUFFIX)
-        except FileNotFoundError:
-            pass
+        self.removed(_path_of(fd))
 
     def renamed(self, src: str, dst: str) -> None:
+        """The journal of src now undoes dst (its first record names the file)."""
         try:
-            os.replace(src + SUFFIX, dst + SUFFIX)
+            size, changes = read_journal(self.journal_of(src))
         except FileNotFoundError:
-            pass
+            return
+        self._write_new(dst, size, changes)
+        self.removed(src)
 
     def removed(self, path: str) -> None:
         try:
-            os.unlink(path + SUFFIX)
+            os.unlink(self.journal_of(path))
         except FileNotFoundError:
             pass
 
     def _start(self, fd: int) -> int:
         """The file's current size; opens its journal with the synced size if it has none."""
         size = os.fstat(fd).st_size
-        journal = _path_of(fd) + SUFFIX
-        if not os.path.exists(journal):
-            # Made whole under a temporary name: a journal never lacks its "S" record.
-            tmp = journal + ".new"
-            with open(tmp, "wb") as f:
-                f.write(_SIZE.pack(b"S", size))
-            os.replace(tmp, journal)
+        path = _path_of(fd)
+        if not os.path.exists(self.journal_of(path)):
+            self._write_new(path, size, [])
         return size
 
+    def _write_new(self, path: str, size: int, changes: list) -> None:
+        """A journal made whole under a temporary name: it never lacks its "S" record."""
+        os.makedirs(self.dir, exist_ok=True)
+        journal = self.journal_of(path)
+        name = _abs(path).encode()
+        with open(journal + ".new", "wb") as f:
+            f.write(_SIZE.pack(b"S", size, len(name)) + name)
+            for offset, old in changes:
+                f.write(_BYTES.pack(b"B", offset, len(old)) + old)
+        os.replace(journal + ".new", journal)
+
     def _append(self, fd: int, offset: int, old: bytes) -> None:
-        journal = _path_of(fd) + SUFFIX
+        journal = self.journal_of(_path_of(fd))
         if os.path.getsize(journal) + _BYTES.size + len(old) > MAX_JOURNAL_BYTES:
             raise UndoJournalError(f"{journal}: undo journal over {MAX_JOURNAL_BYTES} bytes")
         with open(journal, "ab") as f:
@@ -131,18 +148,30 @@ class UnsyncedLoss:
         exists, else drop the journals. Returns [(file, synced size, bytes restored)]."""
         lose = os.path.exists(self.marker)
         done = []
-        for name in sorted(os.listdir(dirpath)):
+        if not os.path.isdir(self.dir):
+            return done
+        mine = _abs(dirpath)
+        for name in sorted(os.listdir(self.dir)):
+            journal = os.path.join(self.dir, name)
             if name.endswith(SUFFIX + ".new"):
-                os.unlink(os.path.join(dirpath, name))      # a journal never started
+                os.unlink(journal)                          # a journal never started
                 continue
-            if not name.endswith(SUFFIX):
-                continue
-            journal = os.path.join(dirpath, name)
-            target = journal[:-len(SUFFIX)]
+            target = journal_target(journal)
+            if os.path.dirname(target) != mine:
+                continue                                    # another WAL directory's
             if lose and os.path.exists(target):
                 done.append(roll_back(target, journal))
             os.unlink(journal)
         return done
+
+
+def journal_target(journal: str) -> str:
+    """The path of the file a journal undoes (its first record)."""
+    with open(journal, "rb") as f:
+        head = f.read(_SIZE.size)
+        if len(head) < _SIZE.size or head[:1] != b"S":
+            raise UndoJournalError(f"{journal}: no synced-size record")
+        return f.read(_SIZE.unpack(head)[2]).decode()
 
 
 def read_journal(journal: str) -> tuple:
@@ -153,8 +182,8 @@ def read_journal(journal: str) -> tuple:
         data = f.read()
     if len(data) < _SIZE.size or data[:1] != b"S":
         raise UndoJournalError(f"{journal}: no synced-size record")
-    size = _SIZE.unpack_from(data, 0)[1]
-    pos, changes = _SIZE.size, []
+    _, size, name_len = _SIZE.unpack_from(data, 0)
+    pos, changes = _SIZE.size + name_len, []
     while pos + _BYTES.size <= len(data):
         kind, offset, n = _BYTES.unpack_from(data, pos)
         if kind != b"B":
