@@ -177,12 +177,15 @@ def check_groups(ops: list, final: dict) -> list:
     out = []
     new_deliveries = collections.defaultdict(list)    # (key, id) -> [op]
     deliveries = collections.defaultdict(list)        # (key, id) -> [op] (new or claimed)
-    unsure_consumers = set()                          # consumers with an info read or claim
+    # Consumers that may hold deliveries the history does not show: an info read or claim,
+    # or a Consume session (the server pushes entries ahead of the client's asking; those
+    # still buffered when the session ends are pending to it yet never recorded).
+    unsure_consumers = set()
     acked = set()
     for o in ops:
         if o.f in ("xreadgroup", "consume", "xautoclaim"):
             consumer = o.extra.get("consumer")
-            if o.type == "info":
+            if o.type == "info" or o.f == "consume":
                 unsure_consumers.add(consumer)
             if o.type != "ok":
                 continue
