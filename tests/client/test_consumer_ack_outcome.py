@@ -45,48 +45,52 @@ class _AckWrittenNoResult:
             self.ack_written.set()
 
 
-def test_an_ack_written_before_the_session_closed_has_an_unknown_outcome():
+def with_one_delivery(test, wrap=None):
+    """Run test(client, session, delivery) against a real server: one entry, delivered to
+    consumer w of group g by a Consume session (whose calls `wrap` wraps, if given)."""
     async def body():
         async with serving() as (addr, _, _s):
             async with Client([addr], timeout=5) as c:
                 await c.xgroup_create("s", "g", "0", mkstream=True)
                 await c.xadd("s", {"n": 1}, "1-1")
-                node = c._node(addr)
-                real = node.stub.Consume
-                wrappers = []
-
-                def consume(*a, **kw):
-                    wrappers.append(_AckWrittenNoResult(real(*a, **kw)))
-                    return wrappers[-1]
-                node.stub.Consume = consume
+                if wrap is not None:
+                    node = c._node(addr)
+                    real = node.stub.Consume
+                    node.stub.Consume = lambda *a, **kw: wrap(real(*a, **kw))
                 session = c.consume(["s"], "g", "w")
                 d = await asyncio.wait_for(session.__anext__(), GUARD)
-                ack = asyncio.ensure_future(d.ack())
-                await asyncio.wait_for(wrappers[0].ack_written.wait(), GUARD)
-                # The server applies the ack (its PEL empties) ...
-                for _ in range(GUARD * 100):
-                    if (await c.xpending("s", "g")).count == 0:
-                        break
-                    await asyncio.sleep(0.01)
-                assert (await c.xpending("s", "g")).count == 0
-                await session.close()
-                # ... so the ack that never saw its result says "unknown", not "nothing happened".
-                with pytest.raises(errors.UnknownOutcomeError) as e:
-                    await asyncio.wait_for(ack, GUARD)
-                assert not isinstance(e.value, errors.UnavailableError)
+                await test(c, session, d)
     run(body)
+
+
+def test_an_ack_written_before_the_session_closed_has_an_unknown_outcome():
+    wrappers = []
+
+    def wrap(call):
+        wrappers.append(_AckWrittenNoResult(call))
+        return wrappers[-1]
+
+    async def test(c, session, d):
+        ack = asyncio.ensure_future(d.ack())
+        await asyncio.wait_for(wrappers[0].ack_written.wait(), GUARD)
+        # The server applies the ack (its PEL empties) ...
+        for _ in range(GUARD * 100):
+            if (await c.xpending("s", "g")).count == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert (await c.xpending("s", "g")).count == 0
+        await session.close()
+        # ... so the ack that never saw its result says "unknown", not "nothing happened".
+        with pytest.raises(errors.UnknownOutcomeError) as e:
+            await asyncio.wait_for(ack, GUARD)
+        assert not isinstance(e.value, errors.UnavailableError)
+    with_one_delivery(test, wrap)
 
 
 def test_an_ack_never_written_before_the_session_closed_still_says_unavailable():
-    async def body():
-        async with serving() as (addr, _, _s):
-            async with Client([addr], timeout=5) as c:
-                await c.xgroup_create("s", "g", "0", mkstream=True)
-                await c.xadd("s", {"n": 1}, "1-1")
-                session = c.consume(["s"], "g", "w")
-                d = await asyncio.wait_for(session.__anext__(), GUARD)
-                await session.close()
-                with pytest.raises(errors.UnavailableError):
-                    await asyncio.wait_for(d.ack(), GUARD)
-                assert (await c.xpending("s", "g")).count == 1
-    run(body)
+    async def test(c, session, d):
+        await session.close()
+        with pytest.raises(errors.UnavailableError):
+            await asyncio.wait_for(d.ack(), GUARD)
+        assert (await c.xpending("s", "g")).count == 1
+    with_one_delivery(test)
