@@ -256,7 +256,8 @@ def final_state(cluster: lc.ClusterInfo, history: wl.History, rng: random.Random
 
     def pel():
         try:
-            return [[p[0], p[1], p[3]] for p in drainer.resp.call("XPENDING", wl.STREAM, wl.GROUP, "-", "+", 1_000_000)]
+            rows = drainer.resp.call("XPENDING", wl.STREAM, wl.GROUP, "-", "+", 1_000_000)
+            return [[p[0], p[1], p[3]] for p in rows]
         except wl.Failed as e:
             if str(e).startswith("NOGROUP"):
                 return []       # no group, nothing pending: the checkers say what was lost

@@ -33,7 +33,8 @@ def run_and_report(tmp_path, capsys, seed, time_s, interval, kinds=nr.KINDS, nod
     out_dir = os.environ.get("XRAFT_NEMESIS_DIR")
     d = os.path.join(out_dir, f"seed-{seed}") if out_dir else str(tmp_path / f"seed-{seed}")
     args = [sys.executable, "-m", "xraft.ops", "nemesis", "run", "--dir", d, "--time", str(time_s),
-            "--nemesis", ",".join(kinds), "--seed", str(seed), "--interval", str(interval), "--nodes", str(nodes), "--json", *extra]
+            "--nemesis", ",".join(kinds), "--seed", str(seed), "--interval", str(interval), "--nodes", str(nodes),
+            "--json", *extra]
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=time_s + RUN_GRACE_S)
     except subprocess.TimeoutExpired:
