@@ -12,7 +12,7 @@ import grpc
 
 from xraft.proto.v1 import client_pb2 as pb
 
-from .errors import UnavailableError, XRaftError, detail_of, from_rpc_error
+from .errors import UnavailableError, UnknownOutcomeError, XRaftError, detail_of, from_rpc_error
 from .types import StreamEntry, StreamID, to_bytes
 
 MAX_ACKS_IN_FLIGHT = 1024                  # unconfirmed acks per consumer session before ack() waits
@@ -73,7 +73,10 @@ class ConsumerSession(SessionProtocol):
     beyond that ack() waits for room). A write that fails ends that stream:
     the session reconnects and resends every unconfirmed ack, in order. An
     ack is never dropped: it is confirmed, or its ack() raises the error that
-    ended the session. (Acks are not merged into one ConsumeAck: its
+    ended the session -- except that an ack already written to a stream may
+    have been applied, so when a retriable error or close() ends the session
+    its ack() raises UnknownOutcomeError, never a "nothing happened" error
+    (UnavailableError says nothing was applied). (Acks are not merged into one ConsumeAck: its
     AckResult carries one count, which could not be split among callers.)"""
 
     def __init__(self, client, start: pb.ConsumeStart):
@@ -82,6 +85,7 @@ class ConsumerSession(SessionProtocol):
         self._queue: asyncio.Queue = asyncio.Queue()  # lists of Delivery (one per message), then the end
         self._ready: collections.deque = collections.deque()   # the current list's Deliveries not yet yielded
         self._acks: dict[int, tuple] = {}          # ack_seq -> (key, ids, future), unconfirmed, in order
+        self._sent: set[int] = set()               # ack_seqs of _acks handed to a stream's write at least once
         # key -> IDs delivered by this session (queued or yielded) whose ack is
         # not confirmed: a reconnect's replay of the PEL skips them, so the
         # application never sees an entry twice in one session (bounded by
@@ -158,6 +162,7 @@ class ConsumerSession(SessionProtocol):
             add = ack.ids.add
             for i in ids:
                 add(ms=i.ms, seq=i.seq)
+            self._sent.add(seq)                    # from here its outcome is unknown until confirmed
             try:
                 await call.write(req)
             except asyncio.CancelledError:
@@ -192,6 +197,7 @@ class ConsumerSession(SessionProtocol):
                     attempt, failing_since = 0, None
                     if resp.WhichOneof("body") == "ack_result":
                         pending = self._acks.pop(resp.ack_result.ack_seq, None)
+                        self._sent.discard(resp.ack_result.ack_seq)
                         if pending is not None:
                             held = self._held.get(pending[0])
                             if held is not None:
@@ -274,10 +280,17 @@ class ConsumerSession(SessionProtocol):
         if self._ended is None:
             self._ended = exc
         self._queue.put_nowait(exc)
-        for _, _, fut in self._acks.values():
-            if not fut.done():
+        final = isinstance(exc, XRaftError) and not exc.retriable    # the server's definite refusal
+        for seq, (_, _, fut) in self._acks.items():
+            if fut.done():
+                continue
+            if seq in self._sent and not final:
+                fut.set_exception(UnknownOutcomeError(
+                    f"ack sent, but the consumer session ended before its result ({exc!r}): it may have been applied"))
+            else:
                 fut.set_exception(exc if isinstance(exc, XRaftError) else UnavailableError("consumer closed"))
         self._acks.clear()
+        self._sent.clear()
 
     async def close(self) -> None:
         if self._closed:

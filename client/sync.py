@@ -85,12 +85,29 @@ class Client:
         return ConsumerSession(self, self._run(make()))
 
     def close(self) -> None:
+        """Close the channels, cancel and await every task still on the loop (a consumer
+        session or iterator the caller left open), then stop and close the loop: nothing
+        of this client (a pending Task holding a grpc call, the loop thread) outlives it.
+        A Task left pending is freed later by whichever thread's garbage collection finds
+        it, and freeing a grpc aio call there can block on grpc's poller thread."""
         if self._loop.is_closed():
             return
-        self._run(self._aio.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        try:
+            self._run(self._shutdown())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    async def _shutdown(self) -> None:
+        try:
+            await self._aio.close()
+        finally:
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            await asyncio.get_running_loop().shutdown_asyncgens()
 
     def __enter__(self):
         return self

@@ -17,6 +17,10 @@ namespace's clients are never cut: the faults act inside the node namespaces.
 - clocks: the node's wall clock offset through libfaketime's offset file (skew),
   and a strobe thread that flips it back and forth.
 - disks: fill the node's own filesystem (ENOSPC) with a ballast file; free it to heal.
+  Power cut: SIGKILL nodes after writing their power-cut marker, so their next start
+  loses every WAL write they never fsynced (node/runtime/unsynced_loss.py, a TEST-ONLY
+  layer the namespace harness arms in its nodes); restart_dead brings them back and
+  removes the markers.
 """
 from __future__ import annotations
 
@@ -177,7 +181,17 @@ class Faults:
         dead = [n.id for n in cluster.nodes if not lc.is_alive(cluster, n)]
         if dead:
             nh.restart(self.dir, dead, timeout)
+        for node_id in dead:     # their WALs were rolled back at open: the power cut is over
+            nh.power_cut_marker(self.dir, node_id).unlink(missing_ok=True)
         return f"restarted {dead}" if dead else "all running"
+
+    def power_cut(self, node_ids: list) -> str:
+        """kill -9 each node as a power cut would stop it: what its WAL never fsynced is
+        gone when it starts again (see the module doc)."""
+        for node_id in node_ids:
+            nh.power_cut_marker(self.dir, node_id).write_text("power cut\n")
+            self.kill(node_id)
+        return f"power cut (unsynced WAL writes lost) of {sorted(node_ids)}"
 
     # -- clocks -----------------------------------------------------------------------
     def _clock_file(self, node_id: int) -> Path:

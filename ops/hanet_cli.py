@@ -5,6 +5,7 @@
     xraftctl hosts status --dir DIR [--json]
     xraftctl hosts fault  --dir DIR KIND [--node ID] [--seconds S]      (KIND: see `fault --help`)
     xraftctl nemesis run  --dir DIR [--time 120] [--nemesis partition,kill,pause,clock,disk] [--seed N] [--json]
+                          [--fsync always|batch|never] [--power-cut majority|all]
 """
 import json
 import random
@@ -82,7 +83,7 @@ def hosts_status(dir_, as_json):
 
 FAULTS = ("partition-halves", "partition-leader", "partition-ring", "partition-one-way", "heal-network",
           "loss", "kill", "stop", "cont", "restart", "skew", "strobe", "heal-clocks", "fill-disk", "free-disks",
-          "heal-all")
+          "power-cut", "heal-all")
 
 
 @hosts.command("fault")
@@ -105,6 +106,7 @@ def hosts_fault(dir_, kind, node_id, seconds, seed):
         "skew": lambda: f.skew(victim, seconds), "heal-clocks": f.heal_clocks,
         "strobe": lambda: _strobe_blocking(f, victim, seconds),
         "fill-disk": lambda: f.fill_disk(victim), "free-disks": f.heal_disks,
+        "power-cut": lambda: f.power_cut([victim]),
         "heal-all": lambda: "; ".join(f.heal_all()),
     }
     click.echo(_run(actions[kind]))
@@ -137,13 +139,18 @@ def nemesis():
 @click.option("--interval", default=4.0, show_default=True, type=click.FloatRange(0.5, 600),
               help="Seconds between faults; each fault is held as long.")
 @click.option("--keep", is_flag=True, help="Leave a cluster this run brought up running.")
+@click.option("--fsync", type=click.Choice(["always", "batch", "never"]), default=None,
+              help="The nodes' --fsync when this run brings the cluster up (default: the node's).")
+@click.option("--power-cut", type=click.Choice(nr.POWER_CUTS), default="majority", show_default=True,
+              help="The disk fault's power cut (unsynced WAL writes lost) hits a majority or every node.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"ops", "ok", "fail", "info", "anomalies": {checker: count}, "unavailable_s"}.')
-def nemesis_run(dir_, time_s, kinds, seed, nodes, interval, keep, as_json):
+def nemesis_run(dir_, time_s, kinds, seed, nodes, interval, keep, fsync, power_cut, as_json):
     """Run the workload under faults; exit 0 only when every checker found nothing."""
     seed = seed if seed is not None else random.randrange(1 << 31)
     rep = _run(nr.run, dir_, time_s, _run(nr.parse_kinds, kinds), seed, nodes=nodes,
-               interval=interval, hold=interval, keep=keep, progress=_progress)
+               interval=interval, hold=interval, keep=keep, progress=_progress, fsync=fsync,
+               power_cut=power_cut)
     click.echo(json.dumps(nr.json_summary(rep)) if as_json else f"seed {seed}\n" + nr.table(rep))
     if any(rep["anomalies"].values()):
         sys.exit(1)

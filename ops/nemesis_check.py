@@ -19,6 +19,7 @@ its step budget) is a note, not an anomaly.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -171,16 +172,20 @@ def check_linearizable(ops: list, notes: list, max_steps: int = LIN_MAX_STEPS) -
 def check_groups(ops: list, final: dict) -> list:
     """`>` delivers an entry at most once (claims may deliver again); every PEL entry was
     delivered to its owner; every ok XADD is acked or pending after the drain; delivery
-    counts never shrink; no claim of an entry delivered less than min-idle before."""
+    counts never shrink; no claim of an entry delivered less than min-idle before (by
+    replicated time: _check_claim_idle)."""
     out = []
     new_deliveries = collections.defaultdict(list)    # (key, id) -> [op]
     deliveries = collections.defaultdict(list)        # (key, id) -> [op] (new or claimed)
-    unsure_consumers = set()                          # consumers with an info read or claim
+    # Consumers that may hold deliveries the history does not show: an info read or claim,
+    # or a Consume session (the server pushes entries ahead of the client's asking; those
+    # still buffered when the session ends are pending to it yet never recorded).
+    unsure_consumers = set()
     acked = set()
     for o in ops:
         if o.f in ("xreadgroup", "consume", "xautoclaim"):
             consumer = o.extra.get("consumer")
-            if o.type == "info":
+            if o.type == "info" or o.f == "consume":
                 unsure_consumers.add(consumer)
             if o.type != "ok":
                 continue
@@ -242,24 +247,75 @@ def _check_delivery_counts(ops: list, pending: dict) -> list:
 
 
 def _check_claim_idle(ops: list, deliveries: dict) -> list:
-    """A claim with min-idle m that completed at c cannot take an entry whose delivery
-    certainly happened after c - m and completed before the claim was invoked (then the
-    entry was idle less than m when claimed, in real time). The earliest a delivery can
-    have happened is its invoke, except for a Consume session's: the server pushes
-    entries (and replays after a reconnect) before the client asks for them, so its
-    bound is when the session was opened (`session_opened`)."""
+    """No claim of an entry idle less than min-idle, judged as the server judges it: by
+    replicated time (the leader's stamp in each record), not by the runner's clock. Under
+    a clock fault the two differ: replicated time may lead real time (a leader whose
+    clock is ahead is trusted up to MAX_CLOCK_LEAD_MS past its monotonic estimate, or
+    fully when it starts skewed; node/fsm/resolve.py), so a claim 1.6 s of real time
+    after a delivery can be a legal claim 2 s of replicated time later.
+
+    The history measures replicated time through XADD `*` (stream and registers): its
+    ID's ms part is the record's stamp exactly (max(stamp, last ms), and stamps never
+    decrease), taken somewhere between the op's invoke and complete. Records are in log
+    order consistent with real time, so a claim's stamp is at most the smallest ID ms of
+    the adds invoked after it completed, and a delivery's stamp at least the largest of
+    the adds completed before it was invoked (and the entry's own ID ms). An anomaly is
+    a claim whose stamp is certainly less than min-idle after a delivery that completed
+    before it was invoked; without a bound on either side nothing is decided. A
+    Consume delivery may predate its op (the server pushes and replays before the
+    client asks), so only the entry's own ID bounds it."""
     out = []
+    clock = _ReplicatedClock(ops)
     for o in ops:
         if o.f != "xautoclaim" or o.type != "ok":
             continue
-        min_idle = o.extra.get("min_idle_ms", 0) / 1000.0
+        min_idle_ms = o.extra.get("min_idle_ms", 0)
+        claim_at_most = clock.at_most(o.complete)
+        if claim_at_most is None:
+            continue
         for entry_id in o.result or []:
             for d in deliveries.get((o.key, entry_id), []):
-                earliest = d.extra.get("session_opened", float("-inf")) if d.f == "consume" else d.invoke
-                if d is not o and d.complete < o.invoke and o.complete - earliest < min_idle:
+                if d is o or not d.complete < o.invoke:
+                    continue
+                delivered_at_least = stream_id(entry_id)[0]
+                if d.f != "consume":
+                    delivered_at_least = max(delivered_at_least, clock.at_least(d.invoke))
+                if claim_at_most - delivered_at_least < min_idle_ms:
                     out.append(_anomaly("groups", "claimed-before-min-idle", key=o.key, id=entry_id,
-                                        idle_s=round(o.complete - d.invoke, 3), min_idle_s=min_idle))
+                                        idle_ms_at_most=claim_at_most - delivered_at_least,
+                                        min_idle_ms=min_idle_ms, real_idle_s=round(o.complete - d.invoke, 3)))
     return out
+
+
+class _ReplicatedClock:
+    """Bounds on replicated time at a moment of the runner's clock, from the IDs of ok
+    XADD `*` ops (see _check_claim_idle)."""
+
+    def __init__(self, ops: list):
+        samples = [(o.invoke, o.complete, stream_id(o.result)[0]) for o in ops
+                   if o.f in ("xadd", "reg-write") and o.type == "ok" and isinstance(o.result, str)]
+        self._by_complete = sorted((c, ms) for _i, c, ms in samples)
+        self._by_invoke = sorted((i, ms) for i, _c, ms in samples)
+        # prefix max over completions; suffix min over invocations
+        self._max_before, best = [], 0
+        for _c, ms in self._by_complete:
+            best = max(best, ms)
+            self._max_before.append(best)
+        self._min_after, low = [0] * len(self._by_invoke), None
+        for k in range(len(self._by_invoke) - 1, -1, -1):
+            ms = self._by_invoke[k][1]
+            low = ms if low is None else min(low, ms)
+            self._min_after[k] = low
+
+    def at_least(self, t: float) -> int:
+        """Replicated time of any record of an op invoked at t is at least this (0: no bound)."""
+        k = bisect.bisect_left(self._by_complete, (t, -1))      # completed strictly before t
+        return self._max_before[k - 1] if k else 0
+
+    def at_most(self, t: float) -> Optional[int]:
+        """Replicated time of any record of an op completed at t is at most this (None: no bound)."""
+        k = bisect.bisect_right(self._by_invoke, (t, float("inf")))   # invoked strictly after t
+        return self._min_after[k] if k < len(self._by_invoke) else None
 
 
 # -- lists ----------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from . import nemesis_workload as wl
 from . import netns_hosts as nh
 
 KINDS = ("partition", "kill", "pause", "clock", "disk", "netem")
+# The disk fault's power cut (unsynced WAL writes lost) hits a majority, or every node.
+POWER_CUTS = ("majority", "all")
 DEFAULT_KINDS = ("partition", "kill", "pause", "clock", "disk")
 # Small snapshots: a kill often lands while a node writes one (the crash-during-snapshot fault).
 NEMESIS_NODE_ARGS = ("--snapshot-entries=200", "--tick-ms=50")
@@ -35,8 +37,9 @@ class Nemesis(threading.Thread):
     """Every `interval` seconds: one fault of a random enabled kind, held `hold` seconds, healed."""
 
     def __init__(self, faults: fl.Faults, history: wl.History, kinds: list, rng: random.Random,
-                 stop: threading.Event, interval: float, hold: float):
+                 stop: threading.Event, interval: float, hold: float, power_cut: str = "majority"):
         super().__init__(name="nemesis", daemon=True)
+        self.power_cut = power_cut
         self.faults, self.history, self.kinds, self.rng = faults, history, kinds, rng
         self.stop_event, self.interval, self.hold = stop, interval, hold
         self.injected: dict = {}
@@ -91,7 +94,12 @@ class Nemesis(threading.Thread):
                 return f"{skewed}; {f.kill(victim)}; {f.restart_dead()}"
             return skewed
         if kind == "disk":
-            return f.fill_disk(victim)
+            # A power cut: a majority (or all) lose what their WAL never fsynced, which a
+            # quorum that acknowledged a write must not (--fsync always); and ENOSPC on one.
+            ids = list(f.ids)
+            self.rng.shuffle(ids)
+            cut = ids if self.power_cut == "all" else ids[:len(ids) // 2 + 1]
+            return f"{f.power_cut(cut)}; {f.fill_disk(ids[-1])}"
         if kind == "netem":
             return f.netem(victim, delay_ms=50, jitter_ms=30, loss_pct=20, duplicate_pct=5, reorder_pct=10) \
                 if f.netem_supported() else f.netem(victim, loss_pct=30)
@@ -121,22 +129,23 @@ def parse_kinds(text: str) -> list:
 
 
 def run(dir_: str, time_s: float, kinds: list, seed: int, nodes: int = 5, interval: float = 4.0,
-        hold: float = 4.0, keep: bool = False, progress: lc.Progress = lambda _m: None) -> dict:
+        hold: float = 4.0, keep: bool = False, progress: lc.Progress = lambda _m: None,
+        fsync: Optional[str] = None, power_cut: str = "majority") -> dict:
     """One run; returns the report (see `report`). Brings a cluster up in dir_ when it
-    holds none (and down again afterwards unless keep)."""
+    holds none (with `fsync`, the nodes' --fsync; and down again afterwards unless keep)."""
     made = not nh.hosts_file(dir_).exists()
     if made:
-        nh.up(dir_, nodes=nodes, node_args=NEMESIS_NODE_ARGS, progress=progress)
+        nh.up(dir_, nodes=nodes, fsync=fsync, node_args=NEMESIS_NODE_ARGS, progress=progress)
     out = Path(dir_) / f"nemesis-{seed}"
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return _run(dir_, out, time_s, kinds, seed, interval, hold, progress)
+        return _run(dir_, out, time_s, kinds, seed, interval, hold, progress, power_cut)
     finally:
         if made and not keep:
             nh.down(dir_, progress=progress)
 
 
-def _run(dir_, out, time_s, kinds, seed, interval, hold, progress) -> dict:
+def _run(dir_, out, time_s, kinds, seed, interval, hold, progress, power_cut) -> dict:
     rng = random.Random(seed)
     faults = fl.Faults(dir_, rng)
     faults.heal_all()
@@ -147,7 +156,7 @@ def _run(dir_, out, time_s, kinds, seed, interval, hold, progress) -> dict:
     history = wl.History(str(out / "history.jsonl"))
     stop, nemesis_stop = threading.Event(), threading.Event()
     workers = wl.start_workers(history, stop, seed, resp, grpc)
-    nemesis = Nemesis(faults, history, list(kinds), rng, nemesis_stop, interval, hold)
+    nemesis = Nemesis(faults, history, list(kinds), rng, nemesis_stop, interval, hold, power_cut)
     progress(f"seed {seed}: {len(workers)} clients, nemesis {','.join(kinds)} for {time_s:g}s")
     nemesis.start()
     time.sleep(time_s)
@@ -160,7 +169,12 @@ def _run(dir_, out, time_s, kinds, seed, interval, hold, progress) -> dict:
     history.event("nemesis", "start", {"kind": "heal", "detail": "final heal"})
     healed = faults.heal_all(SETTLE_TIMEOUT_S)
     history.event("nemesis", "stop", {"kind": "heal", "detail": "; ".join(healed)})
-    time.sleep(2.0)     # clients see the healed cluster: ops after the heal show it recovered
+    # Clients see the healed cluster: ops after the heal show it recovered. Restarted nodes
+    # are ready before a leader is elected (after a power cut of a majority, seconds later).
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while faults.leader() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)
     stop.set()
     for w in workers:
         getattr(w, "interrupt", lambda: None)()
@@ -229,12 +243,30 @@ def final_state(cluster: lc.ClusterInfo, history: wl.History, rng: random.Random
     resp = [n.resp for n in cluster.nodes]
     drainer = wl.RespWorker("drainer", history, threading.Event(), rng.randrange(1 << 30), 0, resp)
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    group_gone = []     # NOGROUP: the group itself was lost (a power cut under --fsync never)
+
+    def drain():
+        try:
+            return drainer.resp.call("XREADGROUP", "GROUP", wl.GROUP, "drainer", "COUNT", 100,
+                                     "STREAMS", wl.STREAM, ">")
+        except wl.Failed as e:
+            if str(e).startswith("NOGROUP"):
+                group_gone.append(str(e))
+            raise
+
+    def pel():
+        try:
+            rows = drainer.resp.call("XPENDING", wl.STREAM, wl.GROUP, "-", "+", 1_000_000)
+            return [[p[0], p[1], p[3]] for p in rows]
+        except wl.Failed as e:
+            if str(e).startswith("NOGROUP"):
+                return []       # no group, nothing pending: the checkers say what was lost
+            raise
     try:
         for _ in range(DRAIN_LIMIT):
-            outcome, got = drainer.record("xreadgroup", wl.STREAM, None, lambda: drainer.resp.call(
-                "XREADGROUP", "GROUP", wl.GROUP, "drainer", "COUNT", 100, "STREAMS", wl.STREAM, ">"),
-                convert=wl.entry_ids, consumer="drainer")
-            if outcome == "ok" and not got:
+            outcome, got = drainer.record("xreadgroup", wl.STREAM, None, drain, convert=wl.entry_ids,
+                                          consumer="drainer")
+            if outcome == "ok" and not got or group_gone:
                 break
             if outcome != "ok":
                 if time.monotonic() > deadline:
@@ -243,8 +275,7 @@ def final_state(cluster: lc.ClusterInfo, history: wl.History, rng: random.Random
         read = lambda *a: _until(lambda: drainer.resp.call(*a), " ".join(map(str, a)))  # noqa: E731
         final = {
             "streams": {wl.STREAM: [[e[0], e[1][1]] for e in read("XRANGE", wl.STREAM, "-", "+")]},
-            "pel": {wl.STREAM: [[p[0], p[1], p[3]]
-                                for p in read("XPENDING", wl.STREAM, wl.GROUP, "-", "+", 1_000_000)]},
+            "pel": {wl.STREAM: _until(pel, "XPENDING")},
             "lists": {k: read("LRANGE", k, 0, -1) for k in (wl.LIST, wl.LIST2)},
         }
     finally:

@@ -123,11 +123,13 @@ class Resp:
             except redis.exceptions.ConnectionError as e:
                 # Refused before sending is safe to retry, but redis-py does not say which
                 # part failed: treat every connection error as unknown, and move on.
+                addr = self.addr
                 self._forget()
-                raise Unknown(f"{self.addr}: {e}")
+                raise Unknown(f"{addr}: {e}")
             except redis.exceptions.TimeoutError as e:
+                addr = self.addr
                 self._forget()
-                raise Unknown(f"{self.addr}: timeout {e}")
+                raise Unknown(f"{addr}: timeout {e}")
             except redis.exceptions.ResponseError as e:
                 text = _error_text(e)
                 word = text.split(" ", 1)[0]

@@ -41,6 +41,8 @@ FAKETIME_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu/faketime", "/usr/lib/aarch64-lin
                      "/usr/lib/faketime")
 DEFAULT_DISK_MB = 64
 MAX_NODES = 9
+# node/runtime/unsynced_loss.ENV (ops may not import node/; tests/ops compares the two)
+UNSYNCED_LOSS_ENV = "XRAFT_UNSYNCED_LOSS"
 
 
 class HostsError(lc.LocalClusterError):
@@ -237,10 +239,20 @@ def netns_of(dir_: str, node_id: int) -> str:
     raise HostsError(f"no node {node_id} in {dir_}")
 
 
+def power_cut_marker(dir_: str, node_id: int) -> Path:
+    """The file whose presence makes the node's next start lose every WAL write it never
+    fsynced (node/runtime/unsynced_loss.py, a TEST-ONLY fault layer; ops/faults.py
+    power_cut writes it before the SIGKILL, restart_dead removes it)."""
+    return Path(dir_) / f"node-{node_id}" / "power-cut"
+
+
 def start_node(cluster: lc.ClusterInfo, node: lc.NodeInfo):
-    """Start one node inside its namespace (lc.start_node with `ip netns exec`)."""
+    """Start one node inside its namespace (lc.start_node with `ip netns exec`), with the
+    unsynced-loss layer armed (it journals; it loses data only after a power_cut)."""
+    env = faketime_env(cluster.dir, node.id)
+    env[UNSYNCED_LOSS_ENV] = str(power_cut_marker(cluster.dir, node.id))
     return lc.start_node(cluster, node, argv_prefix=["ip", "netns", "exec", netns_of(cluster.dir, node.id)],
-                         env=faketime_env(cluster.dir, node.id))
+                         env=env)
 
 
 def restart(dir_: str, node_ids: list, timeout: float = 60.0, progress: lc.Progress = lambda _m: None) -> None:

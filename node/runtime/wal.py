@@ -178,6 +178,7 @@ from typing import Callable, Iterable, NamedTuple, Optional
 import crc32c
 
 from ..invariant import invariant
+from . import unsynced_loss
 from .wal_format import (  # noqa: F401  (re-exported: the WAL's public names live here)
     BATCH_HEADER_BYTES,
     MAX_INDEX,
@@ -386,6 +387,7 @@ class Wal:
         self._last_fsync_ms: Optional[int] = None
         self.repaired: Optional[TornTailRepair] = None  # set when open() truncated a torn tail
         self.closed = False
+        self._loss: Optional[unsynced_loss.UnsyncedLoss] = None  # TEST-ONLY fault (unsynced_loss.py)
 
     # ------------------------------------------------ open / replay
 
@@ -404,6 +406,9 @@ class Wal:
         wal = cls(dirpath, options, segment_start or (lambda: (0, [])))
         wal._lock()
         try:
+            wal._loss = unsynced_loss.from_env()
+            if wal._loss is not None:
+                wal._loss.recover(dirpath)       # a "power cut" loses what was never fsynced
             wal._recover(visit)
         except BaseException:
             wal._release_fds()
@@ -482,7 +487,7 @@ class Wal:
             # What replay read may be only in the page cache (a crash of the process, not
             # of the machine): sync it before the next batch header claims it is synced.
             if self.options.fsync is not FsyncPolicy.NEVER:
-                _fdatasync(self._fd)
+                self._datasync(self._fd)
                 self._synced_end = segs[-1].size
             if segs[-1].version != WAL_VERSION:
                 # Written by an older xraft: seal it, and write on in the current format.
@@ -525,9 +530,11 @@ class Wal:
                     seg.path, off, why, size - off)
         fd = os.open(seg.path, os.O_WRONLY)
         try:
+            if self._loss is not None:
+                self._loss.before_truncate(fd, off)
             os.ftruncate(fd, off)
             if self.options.fsync is not FsyncPolicy.NEVER:
-                _fdatasync(fd)
+                self._datasync(fd)
         finally:
             os.close(fd)
         self.repaired = TornTailRepair(seg.path, off, size - off, why)
@@ -547,12 +554,16 @@ class Wal:
         durable = self.options.fsync is not FsyncPolicy.NEVER
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
+            if self._loss is not None:
+                self._loss.before_write(fd, 0, len(data))
             _pwrite_all(fd, [data], 0)      # a new, empty file
             if durable:
-                _fdatasync(fd)
+                self._datasync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)
+        if self._loss is not None:
+            self._loss.renamed(tmp, path)
         if durable:
             fsync_dir(self.dir)
         if self._fd >= 0:
@@ -573,10 +584,12 @@ class Wal:
         # creation does not matter for correctness, only for tidiness.
         truncated = self._zeroed_end > sealed.size
         if truncated:
+            if self._loss is not None:
+                self._loss.before_truncate(self._fd, sealed.size)
             os.ftruncate(self._fd, sealed.size)
             self._zeroed_end = sealed.size
         if self.options.fsync is not FsyncPolicy.NEVER and (self._unsynced_bytes or truncated):
-            _fdatasync(self._fd)
+            self._datasync(self._fd)
             self._unsynced_bytes = 0
         self._create_segment(sealed.seq + 1)
 
@@ -631,6 +644,8 @@ class Wal:
                 # Past the file's length: the size changes anyway, so change it once for a
                 # whole chunk. Zeros ride in the same write (one write per sync).
                 parts.append(bytes(self._zero_ahead_end(end) - end))
+            if self._loss is not None:
+                self._loss.before_write(self._fd, active.size, sum(map(len, parts)))
             _pwrite_all(self._fd, parts, active.size)
             self._zeroed_end = max(self._zeroed_end, active.size + sum(map(len, parts)))
             self._unsynced_bytes += end - active.size
@@ -647,10 +662,10 @@ class Wal:
             if due:
                 observer = self.options.fsync_observer
                 if observer is None:
-                    _fdatasync(self._fd)
+                    self._datasync(self._fd)
                 else:
                     t0 = time.perf_counter()
-                    _fdatasync(self._fd)
+                    self._datasync(self._fd)
                     observer(time.perf_counter() - t0)
                 self._unsynced_bytes = 0
                 self._synced_end = self._segments[-1].size
@@ -682,6 +697,8 @@ class Wal:
             if fd >= 0:
                 os.close(fd)
             os.unlink(seg.path)
+            if self._loss is not None:
+                self._loss.removed(seg.path)
             deleted.append(seg.path)
         if deleted and self.options.fsync is not FsyncPolicy.NEVER:
             fsync_dir(self.dir)
@@ -740,12 +757,17 @@ class Wal:
         try:
             self.sync()
             if self._unsynced_bytes and self.options.fsync is not FsyncPolicy.NEVER:
-                _fdatasync(self._fd)
+                self._datasync(self._fd)
                 self._unsynced_bytes = 0
                 self._synced_end = self._segments[-1].size
         finally:
             self.closed = True
             self._release_fds()
+
+    def _datasync(self, fd: int) -> None:
+        _fdatasync(fd)
+        if self._loss is not None:
+            self._loss.synced(fd)
 
     def _release_fds(self) -> None:
         for fd in self._read_fds.values():
