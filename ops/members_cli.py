@@ -107,7 +107,18 @@ def run_plan(client, conn: Connection, op: str, node: int, grpc: str, resp: str,
                 _progress(show, f"  group {group}: waiting for node {change['node_id']} to catch up")
                 _wait(f"node {change['node_id']} catching up in group {group}", deadline,
                       lambda: _caught_up(client, conn, group, change["node_id"]))
-            r = client.propose_map_change(text.encode(), timeout=conn.timeout)
+            try:
+                r = client.propose_map_change(text.encode(), timeout=conn.timeout)
+            except (errors.UnknownOutcomeError, errors.UnavailableError) as e:
+                # The change is a compare-and-set on the map's epoch: whether or not it
+                # committed, planning again from the map is safe (an applied change is
+                # not in the next plan; a lost one is planned again).
+                _progress(show, f"  {kind}: {type(e).__name__}; planning again")
+                time.sleep(POLL_S)
+                if time.monotonic() > deadline:
+                    raise StatusError(f"node {op} {node}: not done after {wait_s:.0f}s "
+                                      f"(run it again to resume): {e}") from e
+                break
             if not r.applied:
                 _progress(show, f"  {kind}: {r.refused_kind} ({r.refused}); planning again")
                 if r.refused_kind == "invalid" and not r.already_applied and kind != "promote_learner":
