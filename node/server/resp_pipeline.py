@@ -62,10 +62,11 @@ _REQUEST_HEAD = 32               # a request's header and argc in a record, roun
 @dataclass(slots=True)
 class PlainWrite:
     name: bytes                   # the command's name, lower case (CLIENT LIST cmd=, request stats)
-    request: object               # fsm.entry.Request, resolved
+    request: object               # fsm.entry.Request, resolved; None: a run-able XADD, resolved if it runs alone
     group: int                    # the Raft group the slot belongs to (Backend.group_of_slot)
     size: int                     # about its bytes in a record
     xadd_run: Optional[tuple] = None  # (key, no_mkstream, fields) of a run-able XADD (module doc), else None
+    argv: object = None           # a run-able XADD's argv (its request when it runs alone)
 
 
 def _xadd_run_form(argv) -> Optional[tuple]:
@@ -93,14 +94,19 @@ def plain_write(client, argv) -> Optional[PlainWrite]:
         backend = client.server.backend
         if slot is None or redirect_slot(backend, slot) is not None:
             return None
-        resolved = resolve_command(0, 0, argv)
-        if resolved.plan is not None:     # a blocking form: parks (resp_server's path)
-            return None
         # About its bytes in a record (entry.request_size's layout: 4 per length): only the
         # batch's bound needs it, and a batch that does not fit anyway falls back (run_writes).
         size = _REQUEST_HEAD + 4 * len(argv) + sum(map(len, argv))
-        return PlainWrite(name, resolved.request, backend.group_of_slot(slot), size,
-                          _xadd_run_form(argv) if name == b"xadd" else None)
+        group = backend.group_of_slot(slot)
+        run = _xadd_run_form(argv) if name == b"xadd" else None
+        if run is not None:
+            # lookup has checked its arity, and an XADD never blocks: of resolve_command's
+            # checks only the record size is left, made when its request is built.
+            return PlainWrite(name, None, group, size, run, argv)
+        resolved = resolve_command(0, 0, argv)
+        if resolved.plan is not None:     # a blocking form: parks (resp_server's path)
+            return None
+        return PlainWrite(name, resolved.request, group, size)
     except (EngineError, CrossSlot):
         return None                      # the ordinary path replies with the error
 
@@ -138,14 +144,14 @@ async def run_writes(client, first: PlainWrite) -> list:
     try:
         try:
             requests, spans = _with_xadd_runs(batch)
-            results = _expand(await backend.submit(requests), spans)
+            results = _expand(await backend.submit(requests) if requests else [], spans)
         except EntryTooLarge:
             if len(batch) == 1:
                 raise
             results = []                 # nothing was proposed: one submission per command
             for w in batch:
                 try:
-                    results.append((await backend.submit([w.request]))[0])
+                    results.append((await backend.submit([_request_of(w)]))[0])
                 except (EngineError, BackendError) as e:
                     results.append(EngineError(e.message))
         replies = [client.encode(r) for r in results]
@@ -159,10 +165,16 @@ async def run_writes(client, first: PlainWrite) -> list:
     return replies
 
 
+def _request_of(write: PlainWrite):
+    """The write's own request (resolving a run-able XADD now: EntryTooLarge if it is oversize)."""
+    return write.request if write.request is not None else resolve_command(0, 0, write.argv).request
+
+
 def _with_xadd_runs(batch) -> tuple:
     """The requests to submit for `batch`, each run of 2+ XADDs (module doc) as one
-    XADD_BATCH request, and per request how many of the batch's commands it answers
-    (0: a plain request, one command)."""
+    XADD_BATCH request, and per command or run, in order, what answers it: 0 (a plain
+    request, one command), n > 0 (an XADD_BATCH request of n commands) or an EngineError
+    (a lone XADD refused before proposing: its reply, no request)."""
     requests, spans = [], []
     i, n = 0, len(batch)
     while i < n:
@@ -181,17 +193,26 @@ def _with_xadd_runs(batch) -> tuple:
             except EntryTooLarge:
                 pass                     # the run does not fit one XAddBatch: its commands one by one
         for w in batch[i:j]:
-            requests.append(w.request)
-            spans.append(0)
+            try:
+                requests.append(_request_of(w))
+                spans.append(0)
+            except EngineError as e:
+                spans.append(e)
         i = j
     return requests, spans
 
 
 def _expand(results, spans) -> list:
-    """One result per command: an XADD_BATCH request's per-entry results in order, or
-    its error (a refusal of the whole request) as each entry's."""
+    """One result per command (spans: _with_xadd_runs'): an XADD_BATCH request's per-entry
+    results in order, or its error (a refusal of the whole request) as each entry's."""
+    invariant(len(results) == sum(not isinstance(span, EngineError) for span in spans), "one result per request")
     out = []
-    for result, span in zip(results, spans):
+    results = iter(results)
+    for span in spans:
+        if isinstance(span, EngineError):
+            out.append(span)
+            continue
+        result = next(results)
         if not span:
             out.append(result)
         elif isinstance(result, EngineError):

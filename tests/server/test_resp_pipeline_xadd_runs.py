@@ -13,7 +13,9 @@ from xraft.node.server.resp_pipeline import PlainWrite, _expand, _with_xadd_runs
 def write(line: str) -> PlainWrite:
     argv = [a.encode() for a in line.split()]
     form = _xadd_run_form(argv) if argv[0].lower() == b"xadd" else None
-    return PlainWrite(argv[0].lower(), resolve_command(0, 0, argv).request, 0, 0, form)
+    if form is not None:          # as plain_write makes it: resolved only if it runs alone
+        return PlainWrite(b"xadd", None, 0, 0, form, argv)
+    return PlainWrite(argv[0].lower(), resolve_command(0, 0, argv).request, 0, 0)
 
 
 def test_the_simple_form_only():
@@ -39,8 +41,11 @@ def test_runs_become_one_request_each():
     assert (first.key, first.no_mkstream, len(first.entries)) == (b"a", False, 3)
     assert [list(e[3]) for e in first.entries] == [[b"f", b"1"], [b"f", b"2"], [b"f", b"3"]]
     assert (second.key, second.no_mkstream, len(second.entries)) == (b"a", True, 2)
+    assert requests[2].argv == (b"XADD", b"b", b"*", b"f", b"1")   # alone: its own command
 
 
 def test_results_expand_in_order():
     err = CommandError("ERR x")
-    assert _expand([[b"1-0", None], b"r", err], [2, 0, 3]) == [b"1-0", None, b"r", err, err, err]
+    refused = CommandError("ERR too large")
+    assert _expand([[b"1-0", None], b"r", err], [2, 0, refused, 3]) == [
+        b"1-0", None, b"r", refused, err, err, err]
