@@ -35,7 +35,9 @@ ID) become one XADD_BATCH request (fsm/xadd_batch.py) instead of N COMMAND
 requests: apply(XAddBatch) is by contract the MULTI of those N XADDs, results
 included, so its per-entry results are the N replies, in order (one argv less
 to size, encode, decode and parse per entry, and one compiled append pass).
-A run that does not fit one XAddBatch goes as its N commands.
+A run that does not fit one XAddBatch goes as its N commands. Such an XADD
+skips resolve_command (lookup has checked its arity and an XADD never blocks);
+its own request is built (and sized) only if it runs alone.
 """
 import time
 from dataclasses import dataclass
