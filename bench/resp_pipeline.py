@@ -9,6 +9,7 @@ Keys (also set by bench/cluster.py's full run):
                                           RESP port (one group) or with `--cluster` over every
                                           node (--groups > 1: each node leads some groups)
     resp_pipelined_vs_redis_replicas      their ratio (issue 14's target: >= 0.2)
+    leader_cpu_us_per_xadd                the leader's CPU time (from /proc) / XADDs it served
 
 --profile DIR starts the nodes with XRAFT_CPROFILE=DIR (node_main.py): each node writes
 DIR/node-<id>.prof when it stops; the leader's top functions are printed.
@@ -93,9 +94,13 @@ def main() -> int:
             with cb.CpuMeter(pids, leader["resp"]) as m:
                 xb = redis_benchmark(int(leader["resp"].rsplit(":", 1)[1]), n_xraft, cluster=args.groups > 1)
             out["resp_pipelined_xadd_per_s"] = xb.get("rps")
+            lead_pct = [v for k, v in m.pct.items() if k.endswith("(L)")]
+            if lead_pct and xb.get("rps"):   # the leader's CPU per XADD: steadier than wall rates under load
+                out["leader_cpu_us_per_xadd"] = round(lead_pct[0] / 100 / xb["rps"] * 1e6, 1)
             record(out)
             print(f"xraft 3 nodes fsync always, {args.groups} group(s), XADD -c 50 -P 16: {xb} = "
-                  f"{out.get('resp_pipelined_vs_redis_replicas', 0):.3f}x redis+2 replicas   [{m.line()}]")
+                  f"{out.get('resp_pipelined_vs_redis_replicas', 0):.3f}x redis+2 replicas, "
+                  f"leader {out.get('leader_cpu_us_per_xadd', 0)} us CPU per XADD   [{m.line()}]")
         finally:
             if lc.cluster_file(dir_).exists():
                 lc.down(dir_)

@@ -28,6 +28,16 @@ of the whole submission (NOTLEADER, UNKNOWN outcome, shutting down) is the
 reply of every command in it, as each would have had it alone. A batch the
 backend refuses as too large for one record (EntryTooLarge: nothing was
 proposed) is submitted again command by command.
+
+XADD runs: consecutive plain writes `XADD key [NOMKSTREAM] * f v [f v ...]`
+to the same key with the same NOMKSTREAM (no trimming, no IDMP, no explicit
+ID) become one XADD_BATCH request (fsm/xadd_batch.py) instead of N COMMAND
+requests: apply(XAddBatch) is by contract the MULTI of those N XADDs, results
+included, so its per-entry results are the N replies, in order (one argv less
+to size, encode, decode and parse per entry, and one compiled append pass).
+A run that does not fit one XAddBatch goes as its N commands. Such an XADD
+skips resolve_command (lookup has checked its arity and an XADD never blocks);
+its own request is built (and sized) only if it runs alone.
 """
 import time
 from dataclasses import dataclass
@@ -35,8 +45,10 @@ from typing import Optional
 
 from ..engine.commands import lookup
 from ..engine.errors import EngineError
+from ..fsm.entry import IdKind, XAddBatch
 from ..fsm.errors import EntryTooLarge
-from ..fsm.resolve import resolve_command
+from ..fsm.resolve import resolve_command, resolve_xadd_batch
+from ..invariant import invariant
 from .backend import BackendError
 from .cluster_cmds import command_keys
 from .info import SERVER_COMMANDS
@@ -52,9 +64,21 @@ _REQUEST_HEAD = 32               # a request's header and argc in a record, roun
 @dataclass(slots=True)
 class PlainWrite:
     name: bytes                   # the command's name, lower case (CLIENT LIST cmd=, request stats)
-    request: object               # fsm.entry.Request, resolved
+    request: object               # fsm.entry.Request, resolved; None: a run-able XADD, resolved if it runs alone
     group: int                    # the Raft group the slot belongs to (Backend.group_of_slot)
     size: int                     # about its bytes in a record
+    xadd_run: Optional[tuple] = None  # (key, no_mkstream, fields) of a run-able XADD (module doc), else None
+    argv: object = None           # a run-able XADD's argv (its request when it runs alone)
+
+
+def _xadd_run_form(argv) -> Optional[tuple]:
+    """(key, no_mkstream, fields) if `argv` (an XADD redis accepts the arity of) is
+    `XADD key [NOMKSTREAM] * f v [f v ...]`, else None. Anything else (trim options,
+    IDMP, an explicit or ms-* ID, a repeated NOMKSTREAM, an odd field list) runs as itself."""
+    start = 3 if bytes(argv[2]).lower() == b"nomkstream" else 2
+    if len(argv) < start + 3 or bytes(argv[start]) != b"*" or (len(argv) - start - 1) % 2:
+        return None
+    return bytes(argv[1]), start == 3, [bytes(a) for a in argv[start + 1:]]
 
 
 def plain_write(client, argv) -> Optional[PlainWrite]:
@@ -72,13 +96,19 @@ def plain_write(client, argv) -> Optional[PlainWrite]:
         backend = client.server.backend
         if slot is None or redirect_slot(backend, slot) is not None:
             return None
-        resolved = resolve_command(0, 0, argv)
-        if resolved.plan is not None:     # a blocking form: parks (resp_server's path)
-            return None
         # About its bytes in a record (entry.request_size's layout: 4 per length): only the
         # batch's bound needs it, and a batch that does not fit anyway falls back (run_writes).
         size = _REQUEST_HEAD + 4 * len(argv) + sum(map(len, argv))
-        return PlainWrite(name, resolved.request, backend.group_of_slot(slot), size)
+        group = backend.group_of_slot(slot)
+        run = _xadd_run_form(argv) if name == b"xadd" else None
+        if run is not None:
+            # lookup has checked its arity, and an XADD never blocks: of resolve_command's
+            # checks only the record size is left, made when its request is built.
+            return PlainWrite(name, None, group, size, run, argv)
+        resolved = resolve_command(0, 0, argv)
+        if resolved.plan is not None:     # a blocking form: parks (resp_server's path)
+            return None
+        return PlainWrite(name, resolved.request, group, size)
     except (EngineError, CrossSlot):
         return None                      # the ordinary path replies with the error
 
@@ -115,14 +145,15 @@ async def run_writes(client, first: PlainWrite) -> list:
     t0 = time.perf_counter()
     try:
         try:
-            results = await backend.submit([w.request for w in batch])
+            requests, spans = _with_xadd_runs(batch)
+            results = _expand(await backend.submit(requests) if requests else [], spans)
         except EntryTooLarge:
             if len(batch) == 1:
                 raise
             results = []                 # nothing was proposed: one submission per command
             for w in batch:
                 try:
-                    results.append((await backend.submit([w.request]))[0])
+                    results.append((await backend.submit([_request_of(w)]))[0])
                 except (EngineError, BackendError) as e:
                     results.append(EngineError(e.message))
         replies = [client.encode(r) for r in results]
@@ -134,3 +165,61 @@ async def run_writes(client, first: PlainWrite) -> list:
         for w in batch:
             stats.observe(w.name[:32].decode("latin-1"), elapsed)
     return replies
+
+
+def _request_of(write: PlainWrite):
+    """The write's own request (resolving a run-able XADD now: EntryTooLarge if it is oversize)."""
+    return write.request if write.request is not None else resolve_command(0, 0, write.argv).request
+
+
+def _with_xadd_runs(batch) -> tuple:
+    """The requests to submit for `batch`, each run of 2+ XADDs (module doc) as one
+    XADD_BATCH request, and per command or run, in order, what answers it: 0 (a plain
+    request, one command), n > 0 (an XADD_BATCH request of n commands) or an EngineError
+    (a lone XADD refused before proposing: its reply, no request)."""
+    requests, spans = [], []
+    i, n = 0, len(batch)
+    while i < n:
+        run = batch[i].xadd_run
+        j = i + 1
+        if run is not None:
+            while j < n and batch[j].xadd_run is not None and batch[j].xadd_run[:2] == run[:2]:
+                j += 1
+        if j - i >= 2:
+            try:
+                entries = [(IdKind.AUTO, 0, 0, w.xadd_run[2]) for w in batch[i:j]]
+                requests.append(resolve_xadd_batch(0, 0, XAddBatch.build(run[0], entries, no_mkstream=run[1])))
+                spans.append(j - i)
+                i = j
+                continue
+            except EntryTooLarge:
+                pass                     # the run does not fit one XAddBatch: its commands one by one
+        for w in batch[i:j]:
+            try:
+                requests.append(_request_of(w))
+                spans.append(0)
+            except EngineError as e:
+                spans.append(e)
+        i = j
+    return requests, spans
+
+
+def _expand(results, spans) -> list:
+    """One result per command (spans: _with_xadd_runs'): an XADD_BATCH request's per-entry
+    results in order, or its error (a refusal of the whole request) as each entry's."""
+    invariant(len(results) == sum(not isinstance(span, EngineError) for span in spans), "one result per request")
+    out = []
+    results = iter(results)
+    for span in spans:
+        if isinstance(span, EngineError):
+            out.append(span)
+            continue
+        result = next(results)
+        if not span:
+            out.append(result)
+        elif isinstance(result, EngineError):
+            out.extend([result] * span)
+        else:
+            invariant(len(result) == span, "one result per entry of an XADD batch")
+            out.extend(result)
+    return out

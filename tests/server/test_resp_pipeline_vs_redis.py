@@ -84,6 +84,24 @@ CASES = {
         (["XADD %s %d-1 f v" % (S, i)] + (["RPUSH {t}n x", "XLEN " + S] if i % 500 == 0 else []))]),
     "resp3": cmds("HELLO 3", *xadds(1, 5), "XRANGE %s - + COUNT 2" % S, "XADD %s 1-1 f v" % S,
                   "XREAD STREAMS %s 0" % S),
+    # Runs of `XADD key [NOMKSTREAM] * f v ..` to one key go as one XADD batch request (resp_pipeline.py).
+    "xadd run over a key of the wrong type": cmds(
+        "SET {t}k x", *["XADD {t}k * f %d" % i for i in range(4)], *["XADD %s * f %d" % (S, i) for i in range(4)],
+        "XADD {t}k NOMKSTREAM * f v", "XADD {t}k NOMKSTREAM * f v", "GET {t}k", "XRANGE %s - +" % S),
+    "xadd run mixing nomkstream on a missing key": cmds(
+        "XADD {t}m NOMKSTREAM * f 1", "XADD {t}m NOMKSTREAM * f 2", "XADD {t}m * f 3", "XADD {t}m * f 4 g 4",
+        "XADD {t}m NOMKSTREAM * f 5", "XADD {t}m nomkstream * f 6", "XADD {t}m * f 7", "EXISTS {t}m",
+        "XADD {t}z nomkstream * f 1", "XADD {t}z nomkstream * f 2", "EXISTS {t}z", "XRANGE {t}m - +"),
+    "xadd run interrupted by other commands": cmds(
+        *["XADD %s * f %d" % (S, i) for i in range(3)], "RPUSH {t}n x", "XADD %s * f 3" % S, "XADD {t}o * f 0",
+        "XADD %s * f 4" % S, "XADD %s * f 5" % S, "XLEN " + S, "XADD %s * f 6" % S, "XADD %s * f 7" % S,
+        "XADD %s 1-1 f v" % S, "XADD %s * f 8" % S, "XADD %s MAXLEN 100 * f 9" % S, "XADD %s * f 10" % S,
+        "XRANGE %s - +" % S, "XRANGE {t}o - +"),
+    "xadd run with a syntax error in the middle": cmds(
+        "XADD %s * f 1" % S, "XADD %s * f 2" % S, "XADD %s * f" % S, "XADD %s * f 3" % S,
+        "XADD %s * f 4 g" % S, "XADD %s MAXLEN x * f v" % S, "XADD %s * f 5" % S, "XADD %s NOSUCH f v" % S,
+        "XADD %s * f 6" % S, "XADD %s NOMKSTREAM NOMKSTREAM * f 7" % S, "XADD %s *" % S, "XADD %s * f 8" % S,
+        "XRANGE %s - +" % S),
     "auto ids": cmds(*["XADD %s * f v" % S] * 20, "XLEN " + S, "XADD %s MAXLEN 5 * f v" % S, "XLEN " + S),
 }
 
