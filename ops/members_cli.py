@@ -88,13 +88,26 @@ def _in_sync(client, conn: Connection, m: dict) -> bool:
     return True
 
 
+def _transient(e: Exception) -> bool:
+    """An error after which asking again (or planning again from the map) is safe."""
+    return e.retriable or isinstance(e, (errors.UnknownOutcomeError, errors.UnavailableError,
+                                         errors.DeadlineExceededError))
+
+
 def run_plan(client, conn: Connection, op: str, node: int, grpc: str, resp: str, wait_s: float,
              show: bool) -> dict:
     t0 = time.monotonic()
     deadline = t0 + wait_s
     done = []
     for _ in range(PLAN_ATTEMPTS):
-        plan = client.membership_plan(op, node, grpc, resp, timeout=conn.timeout)
+        try:
+            plan = client.membership_plan(op, node, grpc, resp, timeout=conn.timeout)
+        except errors.XRaftError as e:
+            if not _transient(e) or time.monotonic() > deadline:
+                raise
+            _progress(show, f"planning: {type(e).__name__}; asking again")
+            time.sleep(POLL_S)
+            continue
         if plan.refused:
             raise StatusError(f"node {op} {node}: {plan.refused}")
         if not plan.changes:
@@ -109,7 +122,9 @@ def run_plan(client, conn: Connection, op: str, node: int, grpc: str, resp: str,
                       lambda: _caught_up(client, conn, group, change["node_id"]))
             try:
                 r = client.propose_map_change(text.encode(), timeout=conn.timeout)
-            except (errors.UnknownOutcomeError, errors.UnavailableError) as e:
+            except errors.XRaftError as e:
+                if not _transient(e):
+                    raise
                 # The change is a compare-and-set on the map's epoch: whether or not it
                 # committed, planning again from the map is safe (an applied change is
                 # not in the next plan; a lost one is planned again).
