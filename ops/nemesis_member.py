@@ -58,6 +58,9 @@ class Members:
         """Start one change (add when a spare is left and a coin says so, else remove)."""
         if self._thread is not None and self._thread.is_alive():
             return f"member change {self.pending} still running"
+        if self.pending:     # the last change failed under the faults: the operator runs it again
+            self._start(*self.pending)
+            return f"node {self.pending[0]} {self.pending[1]} again (resumes from the map)"
         can_add, can_remove = bool(self._spares()), len(self.faults.ids) > MIN_MEMBERS
         if not can_add and not can_remove:
             return "no membership change possible (no spare, at the minimum size)"
@@ -65,10 +68,13 @@ class Members:
             what, op = self._start_spare(), "add"
         else:
             what, op = self._begin_remove(), "remove"
-        self._thread = threading.Thread(target=self._change, args=(op, self.pending[1], CHANGE_WAIT_S),
+        self._start(op, self.pending[1])
+        return what
+
+    def _start(self, op: str, node_id: int) -> None:
+        self._thread = threading.Thread(target=self._change, args=(op, node_id, CHANGE_WAIT_S),
                                         name="nemesis-member", daemon=True)
         self._thread.start()
-        return what
 
     def _start_spare(self) -> str:
         node_id = self._spares()[0]

@@ -251,6 +251,11 @@ def _until(fn, what: str, timeout: float = SETTLE_TIMEOUT_S):
     raise nh.HostsError(f"{what}: no answer within {timeout:g}s ({last})")
 
 
+def redis_moved():
+    import redis
+    return redis.exceptions.MovedError
+
+
 def redis_errors():
     import redis
     return redis.RedisError
@@ -335,9 +340,9 @@ def _replica_state(node: lc.NodeInfo) -> dict:
                 return int(line.split(":", 1)[1])
         per_group = [int(kv.split("=", 1)[1]) for line in lines if line.startswith("raft_group") and ":" in line
                      for kv in line.split(":", 1)[1].split(",") if kv.startswith("applied_index=")]
-        if not per_group:
+        if not per_group and not any(line.startswith("raft_groups_hosted:") for line in lines):
             raise ValueError("INFO raft has no raft_applied_index nor per-group applied_index")
-        return sum(per_group)
+        return sum(per_group)      # 0: a sharded node hosting no data group (all moved away)
 
     def read(*args):
         # An error reply is part of the state too (a missing key on one replica only is a difference).
@@ -350,7 +355,9 @@ def _replica_state(node: lc.NodeInfo) -> dict:
     try:
         before = applied()
         r.execute_command("READONLY")
-        if str(read("TYPE", wl.STREAM)).startswith("error: MOVED"):
+        try:
+            r.execute_command("TYPE", wl.STREAM)
+        except redis_moved():
             return {"applied": None, "stable": False, "state": None, "elsewhere": True}
         keys = [wl.STREAM, wl.LIST, wl.LIST2, *wl.REGISTERS]
         state = {k: [read("TYPE", k)] for k in keys}
