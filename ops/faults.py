@@ -59,7 +59,9 @@ class Faults:
     # -- topology -------------------------------------------------------------------
     @property
     def ids(self) -> list:
-        return [h["id"] for h in self.hosts["nodes"]]
+        """The cluster's members: not a spare namespace nobody started yet, nor a node
+        removed from the cluster (the member nemesis marks both in hosts.json)."""
+        return [h["id"] for h in self.hosts["nodes"] if not h.get("spare") and not h.get("removed")]
 
     def _host(self, node_id: int) -> dict:
         for h in self.hosts["nodes"]:
@@ -178,7 +180,7 @@ class Faults:
 
     def restart_dead(self, timeout: float = 60.0) -> str:
         cluster = lc.load(self.dir)
-        dead = [n.id for n in cluster.nodes if not lc.is_alive(cluster, n)]
+        dead = [n.id for n in cluster.nodes if n.id in self.ids and not lc.is_alive(cluster, n)]
         if dead:
             nh.restart(self.dir, dead, timeout)
         for node_id in dead:     # their WALs were rolled back at open: the power cut is over

@@ -132,7 +132,8 @@ def nemesis():
 @dir_option
 @click.option("--time", "time_s", default=120.0, show_default=True, type=click.FloatRange(1, 86400))
 @click.option("--nemesis", "kinds", default=",".join(nr.DEFAULT_KINDS), show_default=True,
-              help=f"Comma-separated fault kinds: {', '.join(nr.KINDS)}.")
+              help=f"Comma-separated fault kinds: {', '.join(nr.KINDS + nr.EXTRA_KINDS)} "
+              "(member: node add/remove under the faults, on a 2-group cluster with spare namespaces).")
 @click.option("--seed", type=int, default=None, help="Random seed (default: a random one, printed).")
 @click.option("--nodes", default=5, show_default=True, type=click.IntRange(3, nh.MAX_NODES),
               help="Nodes when DIR holds no cluster yet (one is brought up and down again).")

@@ -19,10 +19,15 @@ from typing import Optional
 from . import faults as fl
 from . import local_cluster as lc
 from . import nemesis_check as nc
+from . import nemesis_member as nm
 from . import nemesis_workload as wl
 from . import netns_hosts as nh
 
 KINDS = ("partition", "kill", "pause", "clock", "disk", "netem")
+# Asked for by name only (not in the CI runs of every KIND): membership changes (ops/nemesis_member.py)
+# on a cluster of MEMBER_GROUPS data groups with spare namespaces.
+EXTRA_KINDS = ("member",)
+MEMBER_GROUPS = 2
 # The disk fault's power cut (unsynced WAL writes lost) hits a majority, or every node.
 POWER_CUTS = ("majority", "all")
 DEFAULT_KINDS = ("partition", "kill", "pause", "clock", "disk")
@@ -37,8 +42,10 @@ class Nemesis(threading.Thread):
     """Every `interval` seconds: one fault of a random enabled kind, held `hold` seconds, healed."""
 
     def __init__(self, faults: fl.Faults, history: wl.History, kinds: list, rng: random.Random,
-                 stop: threading.Event, interval: float, hold: float, power_cut: str = "majority"):
+                 stop: threading.Event, interval: float, hold: float, power_cut: str = "majority",
+                 members: Optional[nm.Members] = None):
         super().__init__(name="nemesis", daemon=True)
+        self.members = members
         self.power_cut = power_cut
         self.faults, self.history, self.kinds, self.rng = faults, history, kinds, rng
         self.stop_event, self.interval, self.hold = stop, interval, hold
@@ -100,6 +107,8 @@ class Nemesis(threading.Thread):
             self.rng.shuffle(ids)
             cut = ids if self.power_cut == "all" else ids[:len(ids) // 2 + 1]
             return f"{f.power_cut(cut)}; {f.fill_disk(ids[-1])}"
+        if kind == "member":
+            return self.members.inject()
         if kind == "netem":
             return f.netem(victim, delay_ms=50, jitter_ms=30, loss_pct=20, duplicate_pct=5, reorder_pct=10) \
                 if f.netem_supported() else f.netem(victim, loss_pct=30)
@@ -117,14 +126,16 @@ class Nemesis(threading.Thread):
             return f.heal_clocks()
         if kind == "disk":
             return f.heal_disks() + "; " + f.restart_dead()
+        if kind == "member":
+            return self.members.heal()
         raise ValueError(kind)
 
 
 def parse_kinds(text: str) -> list:
     kinds = [k.strip() for k in text.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in KINDS]
+    bad = [k for k in kinds if k not in KINDS + EXTRA_KINDS]
     if bad or not kinds:
-        raise nh.HostsError(f"--nemesis {text!r}: expected a comma-separated list of {', '.join(KINDS)}")
+        raise nh.HostsError(f"--nemesis {text!r}: expected a comma-separated list of {', '.join(KINDS + EXTRA_KINDS)}")
     return kinds
 
 
@@ -135,7 +146,9 @@ def run(dir_: str, time_s: float, kinds: list, seed: int, nodes: int = 5, interv
     holds none (with `fsync`, the nodes' --fsync; and down again afterwards unless keep)."""
     made = not nh.hosts_file(dir_).exists()
     if made:
-        nh.up(dir_, nodes=nodes, fsync=fsync, node_args=NEMESIS_NODE_ARGS, progress=progress)
+        member = "member" in kinds
+        nh.up(dir_, nodes=nodes, fsync=fsync, node_args=NEMESIS_NODE_ARGS, progress=progress,
+              groups=MEMBER_GROUPS if member else 1, spares=nm.SPARES if member else 0)
     out = Path(dir_) / f"nemesis-{seed}"
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -156,7 +169,8 @@ def _run(dir_, out, time_s, kinds, seed, interval, hold, progress, power_cut) ->
     history = wl.History(str(out / "history.jsonl"))
     stop, nemesis_stop = threading.Event(), threading.Event()
     workers = wl.start_workers(history, stop, seed, resp, grpc)
-    nemesis = Nemesis(faults, history, list(kinds), rng, nemesis_stop, interval, hold, power_cut)
+    members = nm.Members(dir_, faults, rng) if "member" in kinds else None
+    nemesis = Nemesis(faults, history, list(kinds), rng, nemesis_stop, interval, hold, power_cut, members)
     progress(f"seed {seed}: {len(workers)} clients, nemesis {','.join(kinds)} for {time_s:g}s")
     nemesis.start()
     time.sleep(time_s)
@@ -169,6 +183,12 @@ def _run(dir_, out, time_s, kinds, seed, interval, hold, progress, power_cut) ->
     history.event("nemesis", "start", {"kind": "heal", "detail": "final heal"})
     healed = faults.heal_all(SETTLE_TIMEOUT_S)
     history.event("nemesis", "stop", {"kind": "heal", "detail": "; ".join(healed)})
+    if members is not None:
+        # The last change finishes (or runs again, resuming from the map) on the healed cluster.
+        history.event("nemesis", "start", {"kind": "member", "detail": "final membership change"})
+        history.event("nemesis", "stop", {"kind": "member", "detail": "; ".join(members.finish())})
+        cluster = lc.load(dir_)
+        cluster.nodes = [n for n in cluster.nodes if n.id in faults.ids]   # removed nodes hold no state
     # Clients see the healed cluster: ops after the heal show it recovered. Restarted nodes
     # are ready before a leader is elected (after a power cut of a majority, seconds later).
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
@@ -231,6 +251,11 @@ def _until(fn, what: str, timeout: float = SETTLE_TIMEOUT_S):
     raise nh.HostsError(f"{what}: no answer within {timeout:g}s ({last})")
 
 
+def redis_moved():
+    import redis
+    return redis.exceptions.MovedError
+
+
 def redis_errors():
     import redis
     return redis.RedisError
@@ -291,7 +316,10 @@ def replica_states(cluster: lc.ClusterInfo) -> dict:
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     states = {}
     while time.monotonic() < deadline:
-        states = {str(node.id): _replica_state(node) for node in cluster.nodes}
+        read = {str(node.id): _replica_state(node) for node in cluster.nodes}
+        # On a sharded cluster (the member kind) only the nodes of the workload's group hold
+        # its keys; the others redirect (MOVED) and have no state to compare.
+        states = {k: v for k, v in read.items() if not v.get("elsewhere")}
         if all(s["stable"] for s in states.values()) and len({s["state"] for s in states.values()}) == 1:
             break
         time.sleep(0.5)
@@ -303,10 +331,18 @@ def _replica_state(node: lc.NodeInfo) -> dict:
     r.response_callbacks.clear()     # raw replies (redis-py's XPENDING parser expects a summary)
 
     def applied() -> int:
-        for line in r.execute_command("INFO", "raft").splitlines():
+        # A sharded node (the member kind's cluster) has a line per hosted group instead
+        # (raft_group<G>:role=...,applied_index=N,...): their sum only has to stay unchanged
+        # across the reads, as the one group's index does.
+        lines = r.execute_command("INFO", "raft").splitlines()
+        for line in lines:
             if line.startswith("raft_applied_index:"):
                 return int(line.split(":", 1)[1])
-        raise ValueError("INFO raft has no raft_applied_index")
+        per_group = [int(kv.split("=", 1)[1]) for line in lines if line.startswith("raft_group") and ":" in line
+                     for kv in line.split(":", 1)[1].split(",") if kv.startswith("applied_index=")]
+        if not per_group and not any(line.startswith("raft_groups_hosted:") for line in lines):
+            raise ValueError("INFO raft has no raft_applied_index nor per-group applied_index")
+        return sum(per_group)      # 0: a sharded node hosting no data group (all moved away)
 
     def read(*args):
         # An error reply is part of the state too (a missing key on one replica only is a difference).
@@ -319,6 +355,10 @@ def _replica_state(node: lc.NodeInfo) -> dict:
     try:
         before = applied()
         r.execute_command("READONLY")
+        try:
+            r.execute_command("TYPE", wl.STREAM)
+        except redis_moved():
+            return {"applied": None, "stable": False, "state": None, "elsewhere": True}
         keys = [wl.STREAM, wl.LIST, wl.LIST2, *wl.REGISTERS]
         state = {k: [read("TYPE", k)] for k in keys}
         state[wl.STREAM] += [read("XRANGE", wl.STREAM, "-", "+"), read("XINFO", "GROUPS", wl.STREAM),

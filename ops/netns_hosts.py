@@ -118,14 +118,17 @@ def _free_subnet() -> tuple:
 # -- up ------------------------------------------------------------------------------
 
 def up(dir_: str, nodes: int = 5, groups: int = 1, disk_mb: int = DEFAULT_DISK_MB, fsync: Optional[str] = None,
-       node_args: tuple = (), timeout: float = 60.0, progress: lc.Progress = lambda _m: None) -> lc.ClusterInfo:
+       node_args: tuple = (), timeout: float = 60.0, progress: lc.Progress = lambda _m: None,
+       spares: int = 0) -> lc.ClusterInfo:
     """Make the namespaces, bridge, veths and filesystems, then start and wait for the nodes.
+    `spares`: that many more namespaces and disks (ids nodes+1...), "spare" in hosts.json and
+    not in cluster.json: for nodes that join later (the nemesis' member kind, spare_node).
     On failure everything made so far is removed again."""
     why = available()
     if why:
         raise HostsError(why)
-    if not 1 <= nodes <= MAX_NODES:
-        raise HostsError(f"--nodes {nodes}: expected 1 to {MAX_NODES}")
+    if not 1 <= nodes <= MAX_NODES or not 0 <= spares <= MAX_NODES - nodes:
+        raise HostsError(f"--nodes {nodes} with {spares} spare(s): expected 1 to {MAX_NODES} in all")
     if not 8 <= disk_mb <= 4096:
         raise HostsError(f"--disk-mb {disk_mb}: expected 8 to 4096")
     root = Path(dir_).resolve()
@@ -138,9 +141,12 @@ def up(dir_: str, nodes: int = 5, groups: int = 1, disk_mb: int = DEFAULT_DISK_M
              "bridge": prefix + "br", "bridge_address": subnet + ".1", "resources": [], "nodes": []}
     save_hosts(str(root), hosts)
     try:
-        _make_network(str(root), hosts, nodes, progress)
+        _make_network(str(root), hosts, nodes + spares, progress)
+        for h in hosts["nodes"][nodes:]:
+            h["spare"] = True
+        save_hosts(str(root), hosts)
         cluster = _make_cluster(str(root), hosts, nodes, groups, fsync, node_args)
-        for node in cluster.nodes:
+        for node in cluster.nodes + [spare_node(str(root), h["id"]) for h in hosts["nodes"][nodes:]]:
             _make_disk(str(root), hosts, node, disk_mb)
         lc.save(cluster)
         started: list = []
@@ -187,7 +193,7 @@ def _make_cluster(dir_: str, hosts: dict, nodes: int, groups: int, fsync, node_a
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32) + "\n")
     infos = []
-    for h in hosts["nodes"]:
+    for h in hosts["nodes"][:nodes]:
         node_dir = root / f"node-{h['id']}"
         node_dir.mkdir(parents=True, exist_ok=True)
         (node_dir / "faketime").write_text("+0\n")
@@ -196,6 +202,19 @@ def _make_cluster(dir_: str, hosts: dict, nodes: int, groups: int, fsync, node_a
                                  founded=False))
     return lc.ClusterInfo(dir=str(root), cluster_id="netns-" + secrets.token_hex(6), secret_file=str(secret_path),
                           nodes=infos, node_args=list(node_args), fsync=fsync, groups=groups)
+
+
+def spare_node(dir_: str, node_id: int, join: Optional[str] = None) -> lc.NodeInfo:
+    """The NodeInfo of spare namespace `node_id` (its address, ports and disk as a founding node's)."""
+    h = next((h for h in load_hosts(dir_)["nodes"] if h["id"] == node_id), None)
+    if h is None:
+        raise HostsError(f"no namespace for node {node_id} in {dir_}")
+    node_dir = Path(dir_) / f"node-{node_id}"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    if not (node_dir / "faketime").exists():
+        (node_dir / "faketime").write_text("+0\n")
+    return lc.NodeInfo(id=node_id, grpc=f"{h['address']}:{GRPC_PORT}", resp=f"{h['address']}:{RESP_PORT}",
+                       data_dir=str(node_dir / "mnt" / "data"), log=str(node_dir / "node.log"), join=join)
 
 
 def _make_disk(dir_: str, hosts: dict, node: lc.NodeInfo, disk_mb: int) -> None:

@@ -96,3 +96,27 @@ SOAK_TIME_S = float(os.environ.get("XRAFT_NEMESIS_TIME", "300"))
 def test_nemesis_soak(tmp_path, capsys, seed):
     rep = run_and_report(tmp_path, capsys, seed, SOAK_TIME_S, 5.0)
     assert not any(rep["anomalies"].values()), nr.table(rep)
+
+
+MEMBER_TIME_S = float(os.environ.get("XRAFT_NEMESIS_MEMBER_TIME", "60"))
+MEMBER_KINDS = ("member", "kill", "partition", "disk", "pause")
+
+
+# Membership changes (node add of a spare joined with --join, node remove of a live or a
+# kill -9'd member) while the other faults go on: `./dev soak -k member`.
+@pytest.mark.soak
+@pytest.mark.timeout(MEMBER_TIME_S + 900)
+@pytest.mark.parametrize("seed", soak_seeds())
+def test_member_nemesis_soak(tmp_path, capsys, seed):
+    rep = run_and_report(tmp_path, capsys, seed, MEMBER_TIME_S, 5.0, kinds=MEMBER_KINDS)
+    assert not any(rep["anomalies"].values()), nr.table(rep)
+    assert rep["faults"].get("member", 0) >= 1, rep["faults"]
+    with open(rep["history"]) as f:
+        timeline = [json.loads(line) for line in f]
+    details = [r["value"]["detail"] for r in timeline
+               if r.get("process") == "nemesis" and r["f"] == "stop" and r["value"]["kind"] == "member"]
+    # At least one change went through to the end, and the last one was not left half done: the
+    # final event's outcome (after "again: " when it failed under the faults and ran again).
+    assert any(" added: " in d or " removed: " in d for d in details), details
+    outcome = details[-1].split("again: ")[-1]
+    assert "failed" not in outcome and "still running" not in outcome, details
