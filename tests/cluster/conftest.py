@@ -14,6 +14,7 @@ teardown, whatever the test did; a node's log is attached to the failure
 message of any wait that times out.
 """
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,11 +34,40 @@ STOP_TIMEOUT_S = 15.0
 SECRET = "cluster-test-secret-0123456789abcdef"
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORT_PICKER = random.Random()      # seeded from os.urandom: xdist workers pick apart
+
+
 def free_ports(n: int) -> list:
-    """n distinct ports free right now (bound to 0, then released)."""
+    """n distinct ports free right now (bound, then released), taken BELOW the
+    kernel's ephemeral range: a port from bind(0) is one the kernel also hands to
+    outgoing connections, and one of those (another worker's client) took a
+    node's --metrics port between the pick and the node's bind in a CI run."""
+    low, high = 10000, _ephemeral_low() - 1
     socks, ports = [], []
     try:
-        while len(ports) < n:
+        for _ in range(100 * n):
+            if len(ports) == n or high <= low:
+                break
+            port = _PORT_PICKER.randint(low, high)
+            if port in ports:
+                continue
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            ports.append(port)
+        while len(ports) < n:                   # no room below the range: any free port
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             socks.append(s)
