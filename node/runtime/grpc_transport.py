@@ -445,7 +445,8 @@ class GrpcTransport:
             try:
                 call = channel.stream_stream(STREAM_METHOD, request_serializer=None,
                                              response_deserializer=peer_pb2.PeerEnvelope.FromString)()
-                theirs = await asyncio.wait_for(self._handshake(link, call), self.limits.handshake_timeout_s)
+                async with asyncio.timeout(self.limits.handshake_timeout_s):
+                    theirs = await self._handshake(link, call)
                 link.envelope_limit = min(PeerAuthenticator.envelope_limit(theirs), MAX_ENVELOPE_BYTES)
                 link.state = _UP
                 link.stats.connects += 1
@@ -575,7 +576,8 @@ class GrpcTransport:
         """The next frame, which must be a Hello (`which`: "first" or "third"); grpc.aio.EOF if
         the dialler left. Anything else, or nothing in time, ends the call here."""
         try:
-            frame = await asyncio.wait_for(context.read(), self.limits.handshake_timeout_s)
+            async with asyncio.timeout(self.limits.handshake_timeout_s):
+                frame = await context.read()
         except asyncio.TimeoutError:
             await self._refuse(context, grpc.StatusCode.DEADLINE_EXCEEDED, f"no {which} Hello in time")
         except DecodeError:

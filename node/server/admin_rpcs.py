@@ -94,7 +94,8 @@ class AdminRpcs:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         try:
-            await asyncio.wait_for(d.transfer_leader(to), wait)
+            async with asyncio.timeout(wait):
+                await d.transfer_leader(to)
         except asyncio.TimeoutError:
             pass                                 # judged below, as a transfer that did not finish
         while loop.time() < deadline:

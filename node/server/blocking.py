@@ -130,7 +130,8 @@ class Waiter:
             self.blocked = True
             self._fut = loop.create_future()
             try:
-                await asyncio.wait_for(self._fut, timeout)
+                async with asyncio.timeout(timeout):
+                    await self._fut
             except asyncio.TimeoutError:
                 if not self.signalled and self.error is None:
                     return False

@@ -88,7 +88,8 @@ class LeaderBalancer:
             self.transfers += 1
             log.info("group %d: handing leadership to its preferred leader, node %d", gid, pref)
             try:
-                await asyncio.wait_for(self.backends[gid].driver.transfer_leader(pref), TRANSFER_TIMEOUT_S)
+                async with asyncio.timeout(TRANSFER_TIMEOUT_S):
+                    await self.backends[gid].driver.transfer_leader(pref)
             except Exception as exc:  # noqa: BLE001 - a courtesy: the group works wherever its leader is
                 log.info("group %d: leadership transfer to node %d not started: %r", gid, pref, exc)
 

@@ -262,7 +262,8 @@ class MembershipFollower:
     async def run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), IDLE_WAIT_S)
+                async with asyncio.timeout(IDLE_WAIT_S):
+                    await self._wake.wait()
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()

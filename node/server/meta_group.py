@@ -99,7 +99,8 @@ class MetaGroup:
     async def wait_change(self, timeout: float) -> None:
         """Until the next map (or `timeout`)."""
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
         except asyncio.TimeoutError:
             pass
 

@@ -227,7 +227,8 @@ class MetricsServer:
                 await self._reply(writer, 503, b"too many scrapers\n")
                 return
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+                async with asyncio.timeout(READ_TIMEOUT_S):
+                    head = await reader.readuntil(b"\r\n\r\n")
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
                     ConnectionError):
                 return
@@ -256,6 +257,7 @@ class MetricsServer:
         writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
                      % (status, reason, ctype, len(body) if length is None else length) + body)
         try:
-            await asyncio.wait_for(writer.drain(), READ_TIMEOUT_S)
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                await writer.drain()
         except (asyncio.TimeoutError, ConnectionError):
             pass

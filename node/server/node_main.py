@@ -455,7 +455,8 @@ class Node:
             return
         _, target = max(candidates)
         try:
-            await asyncio.wait_for(d.transfer_leader(target), TRANSFER_WAIT_S)
+            async with asyncio.timeout(TRANSFER_WAIT_S):
+                await d.transfer_leader(target)
         except Exception as exc:  # noqa: BLE001 - a hand-over is a courtesy; shutdown goes on
             log.info("leadership transfer to %d not started: %r", target, exc)
             return
@@ -490,11 +491,13 @@ async def run(cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: O
         try:
             await node.start()
         except StartError:
-            await asyncio.wait_for(node.shutdown(), SHUTDOWN_LIMIT_S)
+            async with asyncio.timeout(SHUTDOWN_LIMIT_S):
+                await node.shutdown()
             raise
         await node.stop.wait()
         try:
-            await asyncio.wait_for(node.shutdown(), SHUTDOWN_LIMIT_S)
+            async with asyncio.timeout(SHUTDOWN_LIMIT_S):
+                await node.shutdown()
         except asyncio.TimeoutError:
             log.error("shutdown took over %.0fs; exiting anyway", SHUTDOWN_LIMIT_S)
             return EXIT_FAILED

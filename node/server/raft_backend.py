@@ -302,7 +302,8 @@ class RaftBackend(Backend):
         w = asyncio.get_running_loop().create_future()
         self._drained.append(w)
         try:
-            await asyncio.wait_for(asyncio.shield(w), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(w)
         except asyncio.TimeoutError:
             pass
         return not self._inflight
@@ -653,7 +654,8 @@ class RaftBackend(Backend):
                 raise Unavailable("leader not ready (its first commit is not applied yet)")
             # Woken by _bump(): the warm-up finishing, a role change, close().
             try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
             except asyncio.TimeoutError:
                 pass
 

@@ -737,7 +737,8 @@ class RespServer:
         if self.clients:
             self._gone.clear()
             try:
-                await asyncio.wait_for(self._gone.wait(), max(deadline - loop.time(), 0.0))
+                async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                    await self._gone.wait()
             except asyncio.TimeoutError:
                 pass
         clean = not self.clients

@@ -137,7 +137,8 @@ class ShardedBackend(Backend):
                 if left <= 0:
                     raise EngineError(try_again_message())
                 try:
-                    await asyncio.wait_for(self._map_changed.wait(), min(left, PARK_POLL_S))
+                    async with asyncio.timeout(min(left, PARK_POLL_S)):
+                        await self._map_changed.wait()
                 except asyncio.TimeoutError:
                     pass
         finally:
