@@ -24,6 +24,7 @@ from collections import Counter, defaultdict
 from xraft.node.engine.errors import EngineError
 from xraft.node.engine.slots import key_slot
 from xraft.node.fsm.entry import Kind, decode_record
+from xraft.node.fsm.sessions import decode_result
 from xraft.node.fsm.slot_moves import frozen_slot
 from xraft.node.fsm.slot_owner import not_owned_slot
 
@@ -47,6 +48,8 @@ class Checker:
         self.slots = sorted({s for first, last in sim.move_ranges for s in range(first, last + 1)})
         self.serving: dict = {}          # gid -> set of moving slots its frontier serves
         self.served = Counter()          # (gid, slot) -> requests accepted there (not vacuous)
+        self.stats_cached = 0            # retries answered from the at-most-once table
+        self.cached = None               # the at-most-once table's answer to the entry being applied
 
     def start(self) -> None:
         for gid in self.sim.founding.groups:
@@ -60,6 +63,19 @@ class Checker:
             if len(at) > 1:
                 raise Violation("slot %d is served by groups %s at once (%s)" % (s, at, when))
 
+    def before_first_apply(self, r, e) -> None:
+        """What the group's session table holds for the entry's request before it applies: a
+        retry answered from it ran nothing (it is no serve, even for a slot gone elsewhere)."""
+        self.cached = None
+        if not e.data:
+            return
+        [req] = decode_record(e.data).requests
+        client = r.machine.sm.sessions.clients.get(req.client_id) if req.client_id else None
+        if client is not None and req.seq:
+            raw = client.results.get(req.seq)
+            self.cached = ("result", decode_result(raw)) if raw is not None else (
+                ("stale", None) if req.seq <= client.floor else None)
+
     def on_first_apply(self, r, e, result) -> None:
         if r.gid == META or not e.data:
             return
@@ -71,6 +87,9 @@ class Checker:
         if req.kind != Kind.COMMAND or isinstance(result, EngineError) and (
                 not_owned_slot(result) is not None or frozen_slot(result) is not None):
             return
+        if self.cached is not None and (self.cached[0] == "stale" or self.cached[1] == result):
+            self.stats_cached += 1
+            return                       # answered from the at-most-once table: nothing ran
         argv = req.argv
         key = bytes(argv[1]) if argv[0].upper() in (b"XADD", b"XACK") else bytes(argv[-2])
         slot = key_slot(key)

@@ -106,7 +106,9 @@ class Client:
             result = yield from self.call(key, (b"XADD", key, b"*", b"v", value), give_up=self.sim.cfg.give_up)
         except Unavailable:
             self.sim.ledger.unknown[value] = key
+            self.sim.trace_event("client", self.cid, "XADD", key, value, "unknown outcome")
             return
+        self.sim.trace_event("client", self.cid, "XADD", key, value, result)
         if isinstance(result, bytes):
             self.sim.ledger.acked[value] = (key, result)
         else:
@@ -116,6 +118,7 @@ class Client:
     def xreadgroup(self, key: bytes):
         argv = (b"XREADGROUP", b"GROUP", GROUP, self.consumer, b"COUNT", b"3", b"STREAMS", key, b">")
         result = yield from self.call(key, argv)
+        self.sim.trace_event("client", self.cid, "XREADGROUP", key, _ids(result))
         if isinstance(result, EngineError):
             self.sim.ledger.errors.append("XREADGROUP %r: %s" % (key, result.message))
         elif isinstance(result, list):
@@ -124,7 +127,14 @@ class Client:
 
     def xack(self, key: bytes, ids: list):
         result = yield from self.call(key, (b"XACK", key, GROUP) + tuple(ids))
+        self.sim.trace_event("client", self.cid, "XACK", key, ids, "->", result)
         if result != len(ids):
             self.sim.ledger.errors.append("XACK %r %r of consumer %r acked %r (all were delivered, none acked)"
                                           % (key, ids, self.consumer, result))
         self.sim.ledger.acks[(key, self.consumer)].update(ids)
+
+
+def _ids(result):
+    if isinstance(result, list):
+        return [e[0] for _stream, entries in result for e in entries]
+    return result

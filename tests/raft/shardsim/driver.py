@@ -70,11 +70,12 @@ class Driver:
 
     def round(self):
         m = self.slot_map()
+        idle = [r for r in self.sim.move_ranges if r not in m.migrations]
+        if self.sim.moves_wanted > 0 and idle and (not m.migrations or self.sim.rng.random() < 0.3):
+            yield from self.begin(m, self.sim.rng.choice(idle))   # sometimes two moves at once
+            return True
         if not m.migrations:
             self.first_seen.clear()
-            if self.sim.moves_wanted > 0:
-                yield from self.begin(m)
-                return True
             return False
         for mig in list(m.migrations.values()):
             if not self.leads():
@@ -84,9 +85,10 @@ class Driver:
                 yield from self.step(cur)
         return True
 
-    def begin(self, m):
-        """The operator: `xraftctl slots move` of the next planned range to its other group."""
-        first, last = self.sim.next_move_range()
+    def begin(self, m, move_range: tuple):
+        """The operator: `xraftctl slots move` of a range to the group that does not own it."""
+        first, last = move_range
+        self.sim.moves_begun += 1
         source = m.owner(first)
         target = next(g for g in sorted(m.groups) if g != source)
         change = BeginMove(m.epoch, first, last, target)

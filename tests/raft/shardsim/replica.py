@@ -161,6 +161,7 @@ class Replica:
                 continue                      # covered by the snapshot of this same Ready
             if e.type != EntryType.NORMAL:
                 raise AssertionError("harness: the simulation makes no membership change")
+            self.sim.before_apply(self, e)
             result = self.machine.apply(e.index, e.data)
             self.sim.on_applied(self, e, result)
         for rs in rd.read_states:

@@ -175,10 +175,6 @@ class ShardSim:
                 for k in self.keys if self.founding.owner(key_slot(k)) == gid]
         return encode_record(BASE_MS, reqs)
 
-    def next_move_range(self) -> tuple:
-        self.moves_begun += 1
-        return self.move_ranges[self.moves_begun % len(self.move_ranges)]
-
     def now_ms(self) -> int:
         return BASE_MS + self.now * 10
 
@@ -276,6 +272,10 @@ class ShardSim:
         if not self.reachable(actor.call.via, node):
             return                                    # the answer is lost: the caller times out
         actor.resume(self.now, value, exc)
+
+    def before_apply(self, r: Replica, e) -> None:
+        if e.index > self.frontier[r.gid] and r.gid != META:
+            self.checker.before_first_apply(r, e)
 
     def on_applied(self, r: Replica, e, result) -> None:
         if e.index > self.frontier[r.gid]:
