@@ -47,9 +47,20 @@ def test_the_checker_catches_a_source_that_serves_after_the_decision():
     """Checker self-test: a driver that unseals the source at DECIDED makes two groups serve."""
     with pytest.raises(ShardSimFailure) as info:
         run(3, ShardSimConfig(steps=6000, moves=1, inject=frozenset({"unseal_at_decide"})))
-    assert "served by groups [1, 2] at once" in str(info.value)
+    assert "is served by group 1 but the committed map" in str(info.value)
     assert "reproduce: XRAFT_SIM_SEED=3" in str(info.value)
     assert isinstance(info.value.__cause__, Violation)
+
+
+def test_the_checker_catches_a_retry_applied_twice():
+    """Checker self-test: a client that retries with a new request id (no at-most-once)."""
+    for seed in range(1, 30):
+        try:
+            run(seed, config_for_seed(seed, steps=3000, inject=frozenset({"new_seq_on_retry"})))
+        except ShardSimFailure as exc:
+            assert "in the stream 2 times" in str(exc) or "at the owner 2 times" in str(exc), str(exc)
+            return
+    pytest.fail("no seed caught a retry applied twice")
 
 
 @pytest.mark.soak

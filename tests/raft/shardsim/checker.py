@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from xraft.node.cluster.meta_machine import MetaApplied
 from xraft.node.engine.errors import EngineError
 from xraft.node.engine.slots import key_slot
 from xraft.node.fsm.entry import Kind, decode_record
@@ -49,6 +50,7 @@ class Checker:
         self.serving: dict = {}          # gid -> set of moving slots its frontier serves
         self.served = Counter()          # (gid, slot) -> requests accepted there (not vacuous)
         self.stats_cached = 0            # retries answered from the at-most-once table
+        self.slot_map = sim.founding     # the map at group 0's highest applied index
         self.cached = None               # the at-most-once table's answer to the entry being applied
 
     def start(self) -> None:
@@ -58,10 +60,20 @@ class Checker:
         self._one_server("founding state")
 
     def _one_server(self, when: str) -> None:
+        """At most one group serves each moving slot, and only the owner the committed map
+        names (the data groups never run ahead of the map: seal before the decision,
+        activation after it, unseal after the abort)."""
         for s in self.slots:
             at = [g for g, slots in self.serving.items() if s in slots]
             if len(at) > 1:
                 raise Violation("slot %d is served by groups %s at once (%s)" % (s, at, when))
+            if at and at[0] != self.map_owner(s):
+                raise Violation("slot %d is served by group %d but the committed map (epoch %d) names group %d (%s)"
+                                % (s, at[0], self.slot_map.epoch, self.map_owner(s), when))
+
+    def map_owner(self, slot: int) -> int:
+        mig = self.slot_map.migration_of(slot)
+        return self.slot_map.owner(slot) if mig is None else mig.owner
 
     def before_first_apply(self, r, e) -> None:
         """What the group's session table holds for the entry's request before it applies: a
@@ -77,7 +89,12 @@ class Checker:
                 ("stale", None) if req.seq <= client.floor else None)
 
     def on_first_apply(self, r, e, result) -> None:
-        if r.gid == META or not e.data:
+        if r.gid == META:
+            if isinstance(result, MetaApplied):
+                self.slot_map = result.slot_map
+                self._one_server("metadata index %d" % e.index)
+            return
+        if not e.data:
             return
         sm = r.machine.sm
         self.serving[r.gid] = {s for s in self.slots if serves(sm, s)}

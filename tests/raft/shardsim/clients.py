@@ -85,6 +85,9 @@ class Client:
             except Unavailable:
                 if give_up and attempts >= give_up:
                     raise
+                if "new_seq_on_retry" in self.sim.cfg.inject:
+                    self.seq += 1                      # INJECTED BUG (checker self-test)
+                    seq = self.seq
             yield Sleep(self.sim.rng.randint(2, 20))
             self.refresh()
 
