@@ -39,7 +39,10 @@ def test_a_fault_free_run_moves_slots_both_ways_and_serves_them_at_both_groups()
 
 
 def test_same_seed_same_run():
-    a, b = (run(11, config_for_seed(11, steps=2000)) for _ in range(2))
+    cfg = ShardSimConfig(steps=1500, moves=2, drop_rate=0.05, dup_rate=0.05, w_crash=0.01, w_partition=0.01,
+                         w_campaign=0.005, log_bound=8, move_timeout=400)
+    a, b = (run(5, cfg) for _ in range(2))
+    assert a.ledger.acked and a.stats["ev_fault"] > 0
     assert list(a.trace) == list(b.trace) and a.stats == b.stats and a.ledger.acked == b.ledger.acked
 
 
@@ -54,7 +57,7 @@ def test_the_checker_catches_a_source_that_serves_after_the_decision():
 
 def test_the_checker_catches_a_retry_applied_twice():
     """Checker self-test: a client that retries with a new request id (no at-most-once)."""
-    for seed in range(1, 30):
+    for seed in range(4, 40):        # seed 4 catches it today; later ones if the simulation changes
         try:
             run(seed, config_for_seed(seed, steps=3000, inject=frozenset({"new_seq_on_retry"})))
         except ShardSimFailure as exc:
