@@ -149,6 +149,7 @@ class Driver:
         result = yield Propose(META, encode_change(change), via=self.node, local=True)
         self.sim.trace_event("driver", self.node, event.kind, mig.first, mig.last, type(result).__name__)
         if isinstance(result, MetaApplied):
+            self.sim.stats["map_" + event.kind] += 1
             return True
         if isinstance(result, MetaRefused):
             err = result.error

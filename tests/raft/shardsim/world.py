@@ -82,7 +82,7 @@ def config_for_seed(seed: int, steps: int = 3000, **overrides) -> ShardSimConfig
     r = random.Random(seed ^ 0x5A4D)
     on = lambda p, hi: r.choice((hi * 0.3, hi)) if r.random() < p else 0.0  # noqa: E731
     cfg = ShardSimConfig(
-        nodes=r.choice((4, 5)), steps=steps, clients=r.randint(2, 4), moves=r.randint(2, 4),
+        nodes=r.choice((4, 5)), steps=steps, clients=r.randint(3, 6), moves=r.randint(2, 4),
         max_delay=r.randint(0, 5), drop_rate=r.choice((0.0, 0.0, 0.02, 0.1)),
         dup_rate=r.choice((0.0, 0.0, 0.02, 0.1)),
         w_crash=on(0.6, 0.01), w_partition=on(0.6, 0.01), w_campaign=on(0.3, 0.005),
