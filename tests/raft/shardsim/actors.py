@@ -16,6 +16,11 @@ class Unavailable(Exception):
     """No leader reachable, the proposal was lost or its outcome is unknown (timeout, crash)."""
 
 
+class NotSent(Unavailable):
+    """The call never reached a log (no leader reachable, the proposal was dropped): it
+    cannot have applied."""
+
+
 @dataclass
 class Propose:
     gid: int

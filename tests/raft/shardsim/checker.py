@@ -159,6 +159,9 @@ class Checker:
         for value, key in ledger.unknown.items():
             if values[key][value] > 1:
                 raise Violation("unknown-outcome XADD %r to %r is there %d times" % (value, key, values[key][value]))
+        for value, key in ledger.never.items():
+            if values[key][value]:
+                raise Violation("XADD %r to %r, never proposed, is there %d times" % (value, key, values[key][value]))
         for key, counts in values.items():
             for value in counts:
                 if value not in ledger.acked and value not in ledger.unknown:

@@ -21,7 +21,7 @@ from xraft.node.fsm.entry import Request, encode_record
 from xraft.node.fsm.slot_moves import frozen_slot
 from xraft.node.fsm.slot_owner import not_owned_slot
 
-from .actors import Propose, Sleep, Unavailable
+from .actors import NotSent, Propose, Sleep, Unavailable
 
 GROUP = b"g"              # the consumer group every stream has from the start
 
@@ -30,6 +30,7 @@ GROUP = b"g"              # the consumer group every stream has from the start
 class Ledger:
     acked: dict = field(default_factory=dict)          # value -> (key, id) of an XADD answered with an id
     unknown: dict = field(default_factory=dict)        # value -> key of an XADD with unknown outcome
+    never: dict = field(default_factory=dict)          # value -> key of an XADD no attempt of which reached a log
     delivered: dict = field(default_factory=lambda: defaultdict(set))   # (key, consumer) -> ids
     acks: dict = field(default_factory=lambda: defaultdict(set))        # (key, consumer) -> ids acked
     errors: list = field(default_factory=list)          # unexpected answers (checked: must stay empty)
@@ -71,18 +72,20 @@ class Client:
         after `give_up` attempts (0: never)."""
         self.seq += 1
         seq, attempts, slot = self.seq, 0, key_slot(key)
+        self.maybe_applied = False      # some attempt reached a log and its outcome is unknown
         while True:
             attempts += 1
             gid, frozen = who_serves(self.slot_map, slot)
             try:
                 if frozen:
-                    raise Unavailable("TRYAGAIN (map: slot %d frozen)" % slot)
+                    raise NotSent("TRYAGAIN (map: slot %d frozen)" % slot)
                 yield from self.register(gid)
                 result = yield Propose(gid, encode_record(self.sim.now_ms(), [Request.command(self.cid, seq, argv)]))
                 if not_owned_slot(result) is None and frozen_slot(result) is None:
                     return result
                 self.sim.stats["redirects"] += 1
-            except Unavailable:
+            except Unavailable as exc:
+                self.maybe_applied |= not isinstance(exc, NotSent)
                 if give_up and attempts >= give_up:
                     raise
                 if "new_seq_on_retry" in self.sim.cfg.inject:
@@ -108,8 +111,12 @@ class Client:
         try:
             result = yield from self.call(key, (b"XADD", key, b"*", b"v", value), give_up=self.sim.cfg.give_up)
         except Unavailable:
-            self.sim.ledger.unknown[value] = key
-            self.sim.trace_event("client", self.cid, "XADD", key, value, "unknown outcome")
+            if self.maybe_applied:
+                self.sim.ledger.unknown[value] = key
+            else:
+                self.sim.ledger.never[value] = key
+            self.sim.trace_event("client", self.cid, "XADD", key, value,
+                                 "unknown outcome" if self.maybe_applied else "never sent")
             return
         self.sim.trace_event("client", self.cid, "XADD", key, value, result)
         if isinstance(result, bytes):

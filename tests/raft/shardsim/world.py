@@ -30,7 +30,7 @@ from xraft.node.fsm.entry import Request, encode_record
 from xraft.node.raft.storage import MemoryStorage
 from xraft.node.raft.types import ProposalDropped
 
-from .actors import Actor, Propose, Read, Unavailable
+from .actors import Actor, NotSent, Propose, Read, Unavailable
 from .checker import Checker
 from .clients import GROUP, Client, Ledger
 from .driver import Driver
@@ -249,14 +249,14 @@ class ShardSim:
         self.stats["calls"] += 1
         if r is None:
             self.stats["no_leader"] += 1
-            actor.resume(self.now, exc=Unavailable("group %d: no leader reachable" % call.gid))
+            actor.resume(self.now, exc=NotSent("group %d: no leader reachable" % call.gid))
             return
         actor.state, actor.deadline = "waiting", self.now + self.cfg.call_timeout
         if isinstance(call, Propose):
             try:
                 r.rn.propose(call.data)
             except ProposalDropped as exc:
-                actor.resume(self.now, exc=Unavailable(str(exc)))
+                actor.resume(self.now, exc=NotSent(str(exc)))
                 return
             log = r.rn.raft.raft_log
             self.pending_props[(r.node_id, r.gid, log.last_index())] = (r.rn.raft.term, actor, actor.token)
