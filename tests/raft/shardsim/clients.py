@@ -32,6 +32,7 @@ class Ledger:
     unknown: dict = field(default_factory=dict)        # value -> key of an XADD with unknown outcome
     never: dict = field(default_factory=dict)          # value -> key of an XADD no attempt of which reached a log
     delivered: dict = field(default_factory=lambda: defaultdict(set))   # (key, consumer) -> ids
+    ever_delivered: dict = field(default_factory=lambda: defaultdict(set))  # key -> ids any consumer got
     acks: dict = field(default_factory=lambda: defaultdict(set))        # (key, consumer) -> ids acked
     errors: list = field(default_factory=list)          # unexpected answers (checked: must stay empty)
 
@@ -132,8 +133,12 @@ class Client:
         if isinstance(result, EngineError):
             self.sim.ledger.errors.append("XREADGROUP %r: %s" % (key, result.message))
         elif isinstance(result, list):
-            for _stream, entries in result:
-                self.sim.ledger.delivered[(key, self.consumer)].update(e[0] for e in entries)
+            ids = [e[0] for _stream, entries in result for e in entries]
+            again = self.sim.ledger.ever_delivered[key].intersection(ids)
+            if again:   # ">" serves entries after the group's last-delivered id only
+                self.sim.ledger.errors.append("XREADGROUP > %r delivered %r a second time" % (key, sorted(again)))
+            self.sim.ledger.ever_delivered[key].update(ids)
+            self.sim.ledger.delivered[(key, self.consumer)].update(ids)
 
     def xack(self, key: bytes, ids: list):
         result = yield from self.call(key, (b"XACK", key, GROUP) + tuple(ids))
