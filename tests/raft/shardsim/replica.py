@@ -155,7 +155,6 @@ class Replica:
             self.machine = machine_for(self.gid, self.sim.founding)
             self.machine.restore(snap.data, snap.metadata.index)
             self.conf_state = snap.metadata.conf_state
-            self.sim.on_restored(self)
         for e in rd.committed_entries:
             if e.index <= self.machine.applied_index:
                 continue                      # covered by the snapshot of this same Ready

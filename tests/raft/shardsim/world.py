@@ -30,7 +30,7 @@ from xraft.node.fsm.entry import Request, encode_record
 from xraft.node.raft.storage import MemoryStorage
 from xraft.node.raft.types import ProposalDropped
 
-from .actors import Actor, NotSent, Propose, Read, Unavailable
+from .actors import Actor, NotSent, Propose, Unavailable
 from .checker import Checker
 from .clients import GROUP, Client, Ledger
 from .driver import Driver
@@ -306,9 +306,6 @@ class ShardSim:
                 self._complete(actor, token, r.node_id, exc=exc)
             else:
                 self._complete(actor, token, r.node_id, value)
-
-    def on_restored(self, r: Replica) -> None:
-        pass
 
     # -- faults -----------------------------------------------------------------------------------
     def crash(self, node: SimNode) -> None:
