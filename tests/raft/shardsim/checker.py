@@ -11,7 +11,8 @@ applies the same entries in the same order, so the state after index i is one st
 At the end (everything healed, every move finished, every client done):
 
   same state   the replicas of each group hold byte-identical snapshots
-  map          no move left; each key's stream lives at its owner only (the source purged it)
+  map          no move left; no slot sealed, no staging left; each group owns exactly the moving
+               slots the map gives it; each key's stream lives at its owner only (the source purged it)
   exactly once every acked XADD is at the final owner exactly once, with the ID the client
                got; an unknown-outcome one at most once; no value nobody sent
   PEL          the owner's pending entries, per consumer, are exactly delivered - acked
@@ -134,6 +135,14 @@ class Checker:
         if slot_map.migrations:
             raise Violation("moves left in the final map: %r" % slot_map.migrations)
         sms = {gid: sim.replicas(gid)[0].machine.sm for gid in slot_map.groups}
+        for gid, sm in sms.items():
+            if sm.moves.any_sealed or sm.moves.staging:
+                raise Violation("group %d still has sealed slots or staging after every move ended: %r" % (
+                    gid, [(str(m), p.name) for m, p in sm.moves.moves.items()]))
+            for first, last in sim.move_ranges:
+                for s in range(first, last + 1):
+                    if sm.owned.owns(s) != (slot_map.owner(s) == gid):
+                        raise Violation("group %d's owned slots disagree with the map at slot %d" % (gid, s))
         values = defaultdict(Counter)       # key -> value -> count at the owner
         ids = {}
         pels = {}
