@@ -21,6 +21,7 @@ CI_SEEDS = 4
 CI_STEPS = 6000
 SOAK_STEPS = 12000
 SOAK_BASE = 1_000_000          # soak seeds never overlap the CI ones
+SOAK_PARTS = 4
 
 
 @pytest.mark.parametrize("seed", selected_seeds(CI_SEEDS, base=1))
@@ -67,13 +68,16 @@ def test_the_checker_catches_a_retry_applied_twice():
 
 
 @pytest.mark.soak
-def test_soak_many_seeds():
-    """XRAFT_SIM_SEEDS (default 300) seeds of SOAK_STEPS steps; lists every failing seed."""
+@pytest.mark.parametrize("part", range(SOAK_PARTS))
+def test_soak_many_seeds(part):
+    """XRAFT_SIM_SEEDS (default 300) seeds of SOAK_STEPS steps, in SOAK_PARTS parts (so
+    `./dev soak`'s workers share them); lists every failing seed with its reproduction."""
     count = int(os.environ.get("XRAFT_SIM_SEEDS", 300))
     failures = []
-    for seed in range(SOAK_BASE, SOAK_BASE + count):
+    for seed in range(SOAK_BASE + part, SOAK_BASE + count, SOAK_PARTS):
         try:
             run(seed, config_for_seed(seed, steps=SOAK_STEPS))
         except ShardSimFailure as exc:
-            failures.append(str(exc).splitlines()[0] + " | " + str(exc).splitlines()[2])
-    assert not failures, "%d of %d seeds failed:\n%s" % (len(failures), count, "\n".join(failures[:50]))
+            lines = str(exc).splitlines()
+            failures.append(lines[0] + " | " + lines[2])
+    assert not failures, "%d seeds failed:\n%s" % (len(failures), "\n".join(failures[:50]))
