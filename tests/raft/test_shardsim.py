@@ -58,11 +58,12 @@ def test_the_checker_catches_a_source_that_serves_after_the_decision():
 
 def test_the_checker_catches_a_retry_applied_twice():
     """Checker self-test: a client that retries with a new request id (no at-most-once)."""
-    for seed in range(4, 40):        # seed 4 catches it today; later ones if the simulation changes
+    for seed in range(1, 40):        # an early seed catches it; later ones if the simulation changes
         try:
             run(seed, config_for_seed(seed, steps=3000, inject=frozenset({"new_seq_on_retry"})))
         except ShardSimFailure as exc:
-            assert "in the stream 2 times" in str(exc) or "at the owner 2 times" in str(exc), str(exc)
+            # an XADD applied twice, or an XREADGROUP applied twice (entries pending nobody saw)
+            assert any(t in str(exc) for t in ("in the stream 2 times", "at the owner 2 times", "PEL of")), str(exc)
             return
     pytest.fail("no seed caught a retry applied twice")
 

@@ -28,7 +28,7 @@ from xraft.node.cluster.slot_map import NodeSpec
 from xraft.node.engine.slots import key_slot
 from xraft.node.fsm.entry import Request, encode_record
 from xraft.node.raft.storage import MemoryStorage
-from xraft.node.raft.types import ProposalDropped
+from xraft.node.raft.types import MessageType as MT, ProposalDropped
 
 from .actors import Actor, NotSent, Propose, Unavailable
 from .checker import Checker
@@ -216,23 +216,27 @@ class ShardSim:
             self._lost(g, lost)
 
     def _lost(self, gid: int, m) -> None:
+        """Like a real transport, tell a sender that its snapshot stream broke (else it waits forever)."""
         src = self.replica(m.frm, gid) if m.frm in self.nodes else None
-        if src is not None and m.type.name == "SNAP":
+        if src is not None and m.type == MT.SNAP:
             src.rn.report_snapshot(m.to, False)
 
     def deliver(self, pos: int) -> None:
         _, gid, m = self.in_flight.pop(pos)
         dst = self.replica(m.to, gid)
         src = self.replica(m.frm, gid) if m.frm in self.nodes else None
-        if dst is None or (m.frm, m.to) in self.blocked or (self.cfg.drop_rate and self.rng.random() < self.cfg.drop_rate):
+        if dst is None or (m.frm, m.to) in self.blocked:
             if src is not None:
-                src.rn.report_unreachable(m.to)
+                src.rn.report_unreachable(m.to)     # a broken link is seen; a random loss is not
+            self._lost(gid, m)
+            return
+        if self.cfg.drop_rate and self.rng.random() < self.cfg.drop_rate:
             self._lost(gid, m)
             return
         if self.cfg.dup_rate and self.rng.random() < self.cfg.dup_rate:
             self.in_flight.append([self.now + self.rng.randint(1, self.cfg.max_delay + 1), gid, m])
         dst.rn.step(m)
-        if m.type.name == "SNAP" and m.chunk_offset + len(m.snapshot.data) == m.chunk_total and src is not None:
+        if m.type == MT.SNAP and m.chunk_offset + len(m.snapshot.data) == m.chunk_total and src is not None:
             src.rn.report_snapshot(m.to, True)
 
     # -- calls ------------------------------------------------------------------------------------
@@ -314,7 +318,10 @@ class ShardSim:
         self._up = None
         for r in node.replicas.values():
             r.crash()
+        lost = [f for f in self.in_flight if f[2].to == node.id]
         self.in_flight = [f for f in self.in_flight if f[2].to != node.id]
+        for _, gid, m in lost:
+            self._lost(gid, m)
         self._fail_node_calls(node.id)
         d = self.drivers.pop(node.id, None)
         if d is not None:
