@@ -312,6 +312,50 @@ def test_acknowledged_proposals_survive_restart_of_all_nodes(tmp_path, run, inli
     run(main())
 
 
+def test_nodes_leading_some_groups_keep_acknowledged_writes_of_all_across_a_crash(tmp_path, run):
+    """Node 1 leads groups 1 and 2, node 2 leads group 3: both sync their follower appends in
+    the executor (they lead a group), node 3 inline. Every write acknowledged before all nodes
+    crash (storage left as a process crash leaves it) is there on every node after the restart."""
+    async def main():
+        c = Cluster(tmp_path, groups=(1, 2, 3), election_tick=300)  # leaders only by campaign()
+        await c.start()
+        try:
+            for gid, nid in ((1, 1), (2, 1), (3, 2)):
+                await c.g(nid, gid).campaign()
+                await c.wait_for(lambda: c.g(nid, gid).is_leader(), 10, f"node {nid} to lead group {gid}")
+            leaders = {1: c.g(1, 1), 2: c.g(1, 2), 3: c.g(2, 3)}
+            await c.wait_for(lambda: [c.nodes[n].inline_sync_bytes for n in c.ids]
+                             == [0, 0, MultiRaftOptions().inline_sync_bytes], 10, "the inline limits")
+            acked: dict[int, dict[str, str]] = {gid: {} for gid in leaders}
+
+            async def write(gid, key):
+                await leaders[gid].propose(f"{key}={gid}".encode(), 10)
+                acked[gid][key] = str(gid)
+
+            for rnd in range(3):
+                await asyncio.gather(*(write(gid, f"r{rnd}k{i}") for i in range(40) for gid in leaders))
+            # A last round still in flight when every node crashes.
+            tasks = [asyncio.ensure_future(write(gid, f"late{i}")) for i in range(40) for gid in leaders]
+            await c.wait_for(lambda: any(acked[gid].get("late0") for gid in leaders), 10, "a late ack")
+            for n in list(c.nodes):
+                await c.crash(n)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            c.sms.clear()
+            await c.start()
+            for gid in leaders:
+                await c.g(1, gid).campaign()
+                leader = await c.wait_leader(gid)
+                await leader.propose(b"post=1", 10)  # commits the new term; every node catches up
+                await c.wait_converged(gid)
+                for n in c.ids:
+                    data = c.sms[(n, gid)].data
+                    missing = [k for k, v in acked[gid].items() if data.get(k) != v]
+                    assert not missing, f"node {n} group {gid} lost acknowledged writes, e.g. {missing[:3]}"
+        finally:
+            await c.close()
+    run(main())
+
+
 def test_read_index_sees_every_acknowledged_write(tmp_path, run):
     async def main():
         # With link latency a follower learns the commit index a hop after the leader acked,
