@@ -1,6 +1,6 @@
 """Sharded vs one-group batch throughput, alone (issue 10's figure without the rest of bench/cluster.py).
 
-    python bench/sharded.py [--seconds S] [--rounds R] [--clients N] [--in-flight K]
+    python bench/sharded.py [--quick] [--seconds S] [--rounds R] [--clients N] [--in-flight K]
                             [--profile DIR] [--json FILE] [--dir DIR]
 
 Starts two 3-node clusters (fsync always) side by side: one data group, and
@@ -115,9 +115,9 @@ def measure(cb, name: str, cluster, keys: tuple, args) -> dict:
                                        args.in_flight)
     wall = time.perf_counter() - t0
     nodes_pct = {k: v for k, v in m.pct.items() if k != "client"}
-    # The meter's window includes the client processes' start-up and warm-up: scale the nodes'
-    # CPU to the measured window by their share of the whole wall time is not exact, so report
-    # node CPU per entry over the meter's window and the entries over it (rate x seconds).
+    # The meter's window also covers the clients' start-up and warm-up, whose node CPU is
+    # charged to the measured window's entries: an upper bound of node CPU per entry, the
+    # same bias on both sides (the clusters idle meanwhile, quiesced or not).
     node_cpu_s = sum(nodes_pct.values()) / 100 * wall
     row = {"name": name, "entries_per_s": rate, "load_avg": load0,
            "node_cpu_pct": {k: round(v) for k, v in nodes_pct.items()},
@@ -175,8 +175,9 @@ def main() -> int:
         return worker_main(sys.argv[2:])
     import cluster as cb
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement (default 5)")
-    ap.add_argument("--rounds", type=int, default=2, help="one-group/sharded pairs, alternated (default 2)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 s measurements, 1 round (./dev bench --quick)")
+    ap.add_argument("--seconds", type=float, help="seconds per measurement (default 5; --quick 1)")
+    ap.add_argument("--rounds", type=int, help="one-group/sharded pairs, alternated (default 2; --quick 1)")
     ap.add_argument("--clients", type=int, default=1, help=f"client processes (1-{MAX_CLIENTS}, default 1)")
     ap.add_argument("--in-flight", type=int, default=cb.BATCH_CONCURRENCY,
                     help=f"batches in flight per client (default {cb.BATCH_CONCURRENCY})")
@@ -184,6 +185,8 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--dir", help="work directory (must not exist)")
     args = ap.parse_args()
+    args.seconds = args.seconds or (1.0 if args.quick else 5.0)
+    args.rounds = args.rounds or (1 if args.quick else 2)
     if not 0 < args.seconds <= 120 or not 1 <= args.rounds <= 10 or not 1 <= args.clients <= MAX_CLIENTS \
             or not 1 <= args.in_flight <= MAX_IN_FLIGHT:
         ap.error(f"--seconds in (0, 120], --rounds 1-10, --clients 1-{MAX_CLIENTS}, --in-flight 1-{MAX_IN_FLIGHT}")
