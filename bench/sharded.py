@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import pathlib
 import shutil
 import statistics
 import subprocess
@@ -197,8 +198,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=2, sort_keys=True)
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=2, sort_keys=True))
     return 0
 
 
