@@ -51,6 +51,19 @@ fsyncs run in a thread pool (io_threads), except small follower appends
 job at a time (see raft_driver.py: "busy"), which keeps per-group ordering;
 different groups sync in parallel.
 
+Inline syncs only while the node leads no awake group. An inline fsync blocks the
+loop thread (0.5-5 ms on a shared disk), which costs nothing on a pure follower
+(the ack waits for the sync anyway) but stalls everything else on the loop. On a
+sharded node that leads some groups and follows others, a follower append of each
+followed group fsynced one after the other on the loop held up the node's own
+leaders (taking requests, stepping acks, applying) for every one of them: profiled
+in bench/sharded.py, 15-50 % of the loop's wall time. So while the node leads a
+group that is not quiesced, follower appends go to the thread pool like the
+leader's: their fsyncs run in parallel with each other (the file system merges
+concurrent fdatasyncs of different files into shared journal commits) and with the
+loop. Re-evaluated every tick (the leader set changes rarely; either path is
+correct, this only picks the faster one).
+
 Shutdown: close() stops the loop, waits for storage jobs already running
 (a thread cannot be interrupted), resolves every caller (ProposalDropped for
 proposals that never reached the log, UnknownOutcome for those that did,
@@ -66,7 +79,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..raft.types import Message, MessageType
+from ..raft.types import Message, MessageType, StateRole
 from .disk_storage import DiskStorage
 from .liveness import LIVENESS_GROUP_ID, NodeLiveness
 from .raft_driver import GroupDriver, GroupOptions, StateMachine
@@ -166,7 +179,9 @@ class MultiRaft:
         self._tick_handle: Optional[asyncio.TimerHandle] = None
         self._crashed_exc: Optional[BaseException] = None
         self._iterating = False
-        self.inline_sync_bytes = options.inline_sync_bytes  # read by GroupDriver
+        # Read by GroupDriver at each durable Ready: options.inline_sync_bytes while this node
+        # leads no awake group, else 0 (see "Inline syncs only while the node leads no awake group"); set each tick.
+        self.inline_sync_bytes = options.inline_sync_bytes
         # Quiesced groups' followers watch their leaders' nodes instead (liveness.py).
         self.liveness = NodeLiveness(node_id, silence_ticks=options.group.election_tick)
 
@@ -378,11 +393,16 @@ class MultiRaft:
             self._tick_due = False
             st.ticks += 1
             dirty = self._dirty
+            leads_awake = False
             for g in self.groups.values():
-                if g.rn.raft.quiesced:
+                raft = g.rn.raft
+                if raft.quiesced:
                     continue  # asleep: its tick is a no-op (a message or a wake marks it dirty)
+                if raft.state == StateRole.LEADER:
+                    leads_awake = True
                 g.pending_ticks += 1
                 dirty[g] = None
+            self.inline_sync_bytes = 0 if leads_awake else self.options.inline_sync_bytes
             self.liveness.on_tick(self.groups.values(), self.send)
         # Groups marked while we pump (their own follow-ups) wait for the next iteration.
         dirty, self._dirty = self._dirty, {}

@@ -35,7 +35,9 @@ leader's Ready always goes to the executor (even one without MsgApps: a
 single-node group, or every follower paused): its loop keeps taking requests
 while it syncs, which is what gathers them into large records
 (raft_backend.py, group commit; measured: inline leader syncs made every
-request a record of its own).
+request a record of its own). For the same reason a follower does not sync
+inline while its node leads another group (the host's inline_sync_bytes is 0
+then; multiraft.py "Inline syncs only while the node leads no awake group").
 
 Why "busy" blocks the whole group while its fsync runs: DiskStorage and the
 WAL are not thread-safe, and the core reads storage (entries for MsgApp,
@@ -224,7 +226,9 @@ class GroupDriver:
         self.on_idle: Optional[Callable[[], None]] = None
         self._idle_waiters: list[asyncio.Future] = []
         # The optional parts of the host and machine protocols (driver_api.py), looked up once.
-        self._inline_sync_bytes = getattr(host, "inline_sync_bytes", 0)
+        # The host may change its inline_sync_bytes at any time (MultiRaft: 0 while the node
+        # leads a group), so it is read at each Ready; a host without one never syncs inline.
+        self._host_inline = hasattr(host, "inline_sync_bytes")
         self._host_run_now = getattr(host, "run_now", None)
         # fsync=batch's clock (monotonic ms, read from the executor too); a host (a test) may
         # supply now_ms(). The timer: see _arm_flush().
@@ -573,9 +577,10 @@ class GroupDriver:
                 or (rd.hard_state is not None
                     and self._unsynced_commit_saves >= self.options.max_unsynced_commit_saves):
             self._unsynced_commit_saves = 0
-            if not rd.messages and rd.snapshot is None and self._inline_sync_bytes \
+            inline_bytes = self.host.inline_sync_bytes if self._host_inline else 0
+            if not rd.messages and rd.snapshot is None and inline_bytes \
                     and self.rn.raft.state != StateRole.LEADER \
-                    and _entries_bytes(rd.entries) <= self._inline_sync_bytes:
+                    and _entries_bytes(rd.entries) <= inline_bytes:
                 # Nothing to overlap the write with (a follower's append, a vote): sync
                 # right here, then finish as a Ready without sync would (see "Inline sync").
                 self._persist(rd)

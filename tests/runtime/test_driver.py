@@ -312,6 +312,50 @@ def test_acknowledged_proposals_survive_restart_of_all_nodes(tmp_path, run, inli
     run(main())
 
 
+def test_nodes_leading_some_groups_keep_acknowledged_writes_of_all_across_a_crash(tmp_path, run):
+    """Node 1 leads groups 1 and 2, node 2 leads group 3: both sync their follower appends in
+    the executor (they lead a group), node 3 inline. Every write acknowledged before all nodes
+    crash (storage left as a process crash leaves it) is there on every node after the restart."""
+    async def main():
+        c = Cluster(tmp_path, groups=(1, 2, 3), election_tick=300)  # leaders only by campaign()
+        await c.start()
+        try:
+            for gid, nid in ((1, 1), (2, 1), (3, 2)):
+                await c.g(nid, gid).campaign()
+                await c.wait_for(lambda: c.g(nid, gid).is_leader(), 10, f"node {nid} to lead group {gid}")
+            leaders = {1: c.g(1, 1), 2: c.g(1, 2), 3: c.g(2, 3)}
+            await c.wait_for(lambda: [c.nodes[n].inline_sync_bytes for n in c.ids]
+                             == [0, 0, MultiRaftOptions().inline_sync_bytes], 10, "the inline limits")
+            acked: dict[int, dict[str, str]] = {gid: {} for gid in leaders}
+
+            async def write(gid, key):
+                await leaders[gid].propose(f"{key}={gid}".encode(), 10)
+                acked[gid][key] = str(gid)
+
+            for rnd in range(3):
+                await asyncio.gather(*(write(gid, f"r{rnd}k{i}") for i in range(40) for gid in leaders))
+            # A last round still in flight when every node crashes.
+            tasks = [asyncio.ensure_future(write(gid, f"late{i}")) for i in range(40) for gid in leaders]
+            await c.wait_for(lambda: any(acked[gid].get("late0") for gid in leaders), 10, "a late ack")
+            for n in list(c.nodes):
+                await c.crash(n)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            c.sms.clear()
+            await c.start()
+            for gid in leaders:
+                await c.g(1, gid).campaign()
+                leader = await c.wait_leader(gid)
+                await leader.propose(b"post=1", 10)  # commits the new term; every node catches up
+                await c.wait_converged(gid)
+                for n in c.ids:
+                    data = c.sms[(n, gid)].data
+                    missing = [k for k, v in acked[gid].items() if data.get(k) != v]
+                    assert not missing, f"node {n} group {gid} lost acknowledged writes, e.g. {missing[:3]}"
+        finally:
+            await c.close()
+    run(main())
+
+
 def test_read_index_sees_every_acknowledged_write(tmp_path, run):
     async def main():
         # With link latency a follower learns the commit index a hop after the leader acked,
@@ -501,8 +545,9 @@ class DurableWatch:
     """Records, per node, what its storage has made durable (a sync() that returned) and on
     which thread; checks every ack and vote grant the node sends against it."""
 
-    def __init__(self, c: Cluster):
+    def __init__(self, c: Cluster, gid: int = 1):
         self.c = c
+        self.gid = gid  # the group watched
         self.durable: dict[int, tuple[int, object]] = {}  # node -> (last index, hard state)
         self.sync_threads: dict[int, list[bool]] = {}  # node -> [ran on the loop thread?]
         self.checked = {MT.APP_RESP: 0, MT.VOTE_RESP: 0}
@@ -511,7 +556,7 @@ class DurableWatch:
 
     def install(self, nid: int) -> None:
         mr = self.c.nodes[nid]
-        g = mr.group(1)
+        g = mr.group(self.gid)
         st = g.storage
         inner_sync, inner_send = st.sync, mr.send
         self.durable[nid] = (st.last_index(), st.hard_state())
@@ -524,7 +569,7 @@ class DurableWatch:
             return ok
 
         def send(gid, m):
-            if m.type in self.checked and not m.reject:
+            if gid == self.gid and m.type in self.checked and not m.reject:
                 self.checked[m.type] += 1
                 last, hs = self.durable[nid]
                 if m.type == MT.APP_RESP and m.index > last:
@@ -564,6 +609,38 @@ def test_acks_and_vote_grants_leave_only_after_their_sync(tmp_path, run, inline_
             on_loop = [x for n in c.ids for x in w.sync_threads[n]]
             # inline: followers' appends are synced on the loop thread; 0: every sync in the executor
             assert any(on_loop) == bool(inline_sync_bytes) and not all(on_loop)
+        finally:
+            await c.close()
+    run(main())
+
+
+def test_a_node_leading_a_group_syncs_its_follower_appends_in_the_executor(tmp_path, run):
+    """Two groups: node 1 leads group 1, node 2 leads group 2. Node 1 follows group 2, and its
+    appends there are synced in the executor, not on the loop (where each would stall group
+    1's leader), yet still acked only once durable; node 3 leads nothing and syncs inline."""
+    async def main():
+        c = Cluster(tmp_path, groups=(1, 2), election_tick=300)  # leaders only by campaign()
+        w = DurableWatch(c, gid=2)
+        for nid in c.ids:
+            await c.start_node(nid)
+            w.install(nid)
+        try:
+            await c.g(1, 1).campaign()
+            await c.g(2, 2).campaign()
+            await c.wait_for(lambda: c.g(1, 1).is_leader() and c.g(2, 2).is_leader(), 10, "the campaigns")
+            # The node loop re-reads who it leads at each tick.
+            await c.wait_for(lambda: [c.nodes[n].inline_sync_bytes for n in c.ids]
+                             == [0, 0, MultiRaftOptions().inline_sync_bytes], 10, "the inline limits")
+            for threads in w.sync_threads.values():
+                threads.clear()
+            for rnd in range(3):
+                res = await propose_all(c.g(2, 2), 50, prefix=f"r{rnd}k")
+                assert all(isinstance(r, int) for r in res), res[:3]
+            await c.wait_converged(gid=2)
+            assert not w.violations, w.violations[:5]
+            assert w.checked[MT.APP_RESP] > 0, w.checked
+            assert w.sync_threads[1] and not any(w.sync_threads[1]), w.sync_threads[1]
+            assert any(w.sync_threads[3]), w.sync_threads[3]
         finally:
             await c.close()
     run(main())
