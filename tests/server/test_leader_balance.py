@@ -36,7 +36,9 @@ def test_leadership_moves_to_the_preferred_node_and_stays(tmp_path, run):
             c.net.heal()
             await c.wait_for(lambda: bal[leader.raft_id].candidates() == [(1, 3)], "node 3 active and caught up")
             await bal[leader.raft_id].step()
-            new = await c.writable_leader()
+            # step() returns once the leader has stepped the transfer; node 3 wins its
+            # election a few loop iterations later (the old leader stays writable until then).
+            new = await c.writable_leader(among=(3,))
             assert new.raft_id == 3 and bal[leader.raft_id].transfers == 1
             # The preferred leader never transfers; the old one does not try again within the cooldown.
             assert all(b.candidates() == [] for b in bal.values())
