@@ -59,7 +59,7 @@ def test_short_nemesis_run_finds_no_anomaly(tmp_path, capsys, seed):
     rep = run_and_report(tmp_path, capsys, seed, CI_TIME_S, 1.5, nodes=CI_NODES)
     assert not any(rep["anomalies"].values()), nr.table(rep)
     # every kind was injected, or this machine said why it cannot be
-    assert set(rep["faults"]) | set(rep["faults_unsupported"]) == set(nr.KINDS), rep["faults"]
+    assert set(rep["faults"]) | set(rep["faults_unsupported"]) >= set(nr.KINDS), rep["faults"]
     assert rep["ok"] > 0 and os.path.exists(rep["history"])
 
 
