@@ -50,8 +50,9 @@ class Members:
     def __init__(self, dir_: str, faults: fl.Faults, rng: random.Random):
         self.dir, self.faults, self.rng = dir_, faults, rng
         self._thread: Optional[threading.Thread] = None
-        self.pending: Optional[tuple] = None     # (op, node id) of a change not known done
+        self.pending: Optional[tuple] = None     # (op, node id or move range) of a change not known done
         self.log: list = []
+        self._round: list = []
 
     def _spares(self) -> list:
         return [h["id"] for h in self.faults.hosts["nodes"] if h.get("spare")]
@@ -71,15 +72,18 @@ class Members:
 
     def inject(self) -> str:
         """Start one change: add (a spare is left), remove or replace (above the minimum
-        size), or a slot move, chosen at random among those possible."""
+        size), or a slot move."""
         if self._thread is not None and self._thread.is_alive():
             return f"member change {self.pending} still running"
         if self.pending:     # the last change failed under the faults: the operator runs it again
             self._start(*self.pending)
             return f"{self.pending[0]} {self.pending[1]} again (resumes from the map)"
-        ops = ["move"] + (["add"] if self._spares() else []) + (
+        possible = ["move"] + (["add"] if self._spares() else []) + (
             ["remove", "replace"] if len(self.faults.ids) > MIN_MEMBERS else [])
-        op = self.rng.choice(ops)
+        # In rounds (each a fresh shuffle), as the nemesis' kinds: a run with few member
+        # faults still sees each change.
+        self._round = [op for op in self._round if op in possible] or self.rng.sample(possible, len(possible))
+        op = self._round.pop()
         if op == "add":
             what = self._start_spare()
         elif op == "remove":
