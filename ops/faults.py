@@ -10,9 +10,15 @@ namespace's clients are never cut: the faults act inside the node namespaces.
   itself and its two neighbours: a majority of 5, and no two nodes share their
   majority), one way (a node hears nobody while everyone hears it).
 - netem: delay with jitter, loss, duplication, reordering on the node's eth0, when
-  the kernel has sch_netem. Without it (this kernel has none) loss alone falls back to
-  an nft rule dropping a random share of input (`numgen random`), and the others
-  raise FaultUnsupported.
+  the kernel has sch_netem. Without it (this kernel has no qdiscs at all):
+  delay with jitter goes through a userspace relay in the node's namespace (ops/
+  netem_relay.py: nft NAT redirects the node's TCP on the gRPC and RESP ports to it,
+  and it holds what the node sends delay ± jitter, in order); loss is an nft rule
+  dropping a random share of input (`numgen random`); duplication and reordering
+  raise FaultUnsupported (TCP would hide them from xraft anyway: the receiving kernel
+  drops duplicates and puts segments back in order). heal_network stops the relays
+  (their pids are in DIR/netem-relay-<netns>.pid, so a later heal or `hosts down`
+  finds them after a crash of the harness too) and deletes the rules.
 - processes: SIGKILL, SIGSTOP/SIGCONT, restart from disk.
 - clocks: the node's wall clock offset through libfaketime's offset file (skew),
   and a strobe thread that flips it back and forth.
@@ -29,19 +35,23 @@ import os
 import random
 import signal
 import shutil
+import select
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Optional
 
 from . import local_cluster as lc
+from . import netem_relay as relay
 from . import netns_hosts as nh
 
 NFT_TABLE = "xraft_nemesis"
 BALLAST = ".nemesis-ballast"
 MAX_SKEW_S = 3600.0
 KILL_WAIT_S = 5.0
+RELAY_START_S = 15.0
 
 
 class FaultUnsupported(nh.HostsError):
@@ -55,6 +65,7 @@ class Faults:
         self.rng = rng or random.Random()
         self._strobe: Optional[threading.Thread] = None
         self._strobe_stop = threading.Event()
+        self._relays: dict = {}      # netns -> the relay Popen this process started (reaped on stop)
 
     # -- topology -------------------------------------------------------------------
     @property
@@ -117,6 +128,7 @@ class Faults:
         for h in self.hosts["nodes"]:
             nh.sh("nft", "delete", "table", "inet", NFT_TABLE, netns=h["netns"], check=False)
             nh.sh("tc", "qdisc", "del", "dev", "eth0", "root", netns=h["netns"], check=False)
+            self._stop_relay(h["netns"])
         return "network healed"
 
     # -- netem ------------------------------------------------------------------------
@@ -129,12 +141,16 @@ class Faults:
 
     def netem(self, node_id: int, delay_ms: int = 0, jitter_ms: int = 0, loss_pct: float = 0,
               duplicate_pct: float = 0, reorder_pct: float = 0) -> str:
+        """tc netem on the node's eth0; without sch_netem, delay through the relay and loss
+        through nft, and FaultUnsupported for duplication and reordering (module doc)."""
         ns = self._host(node_id)["netns"]
         if not self.netem_supported():
-            if delay_ms or duplicate_pct or reorder_pct:
-                raise FaultUnsupported("tc netem is not available (the kernel has no sch_netem): "
-                                       "delay, duplication and reordering cannot be injected here")
-            return self._nft_loss(node_id, ns, loss_pct)
+            if duplicate_pct or reorder_pct:
+                raise FaultUnsupported("duplication and reordering need tc netem, and this kernel has no qdiscs "
+                                       "(no sch_netem); through TCP xraft would not see them anyway (the receiving "
+                                       "kernel drops duplicates and restores the order)")
+            done = [self._relay_delay(node_id, ns, delay_ms, jitter_ms)] if delay_ms else []
+            return "; ".join(done + ([self._nft_loss(node_id, ns, loss_pct)] if loss_pct else [])) or "no netem"
         args = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem"]
         if delay_ms:
             args += ["delay", f"{delay_ms}ms", f"{jitter_ms}ms"]
@@ -146,6 +162,43 @@ class Faults:
             args += ["reorder", f"{reorder_pct}%"] + ([] if delay_ms else ["delay", "5ms"])
         nh.sh(*args, netns=ns)
         return f"netem on {node_id}: {' '.join(args[6:])}"
+
+    def _relay_pidfile(self, ns: str) -> Path:
+        return Path(self.dir) / f"netem-relay-{ns}.pid"
+
+    def _relay_delay(self, node_id: int, ns: str, delay_ms: int, jitter_ms: int) -> str:
+        """Start the delay relay in the node's namespace, then point the NAT rules at it."""
+        self._stop_relay(ns)
+        address = self._host(node_id)["address"]
+        log = open(Path(self.dir) / f"netem-relay-{ns}.log", "ab")
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "xraft.ops.netem_relay",
+                                 "--address", address, "--delay-ms", str(delay_ms), "--jitter-ms", str(jitter_ms),
+                                 "--seed", str(self.rng.randrange(1 << 30))],
+                                stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        log.close()
+        self._relays[ns] = proc
+        # `ip netns exec` execs in place: proc.pid is the relay itself.
+        self._relay_pidfile(ns).write_text(f"{proc.pid}\n")
+        ready, _, _ = select.select([proc.stdout], [], [], RELAY_START_S)
+        line = proc.stdout.readline() if ready else b""
+        proc.stdout.close()
+        if not line.startswith(b"listening"):
+            self._stop_relay(ns)
+            raise nh.HostsError(f"the delay relay in {ns} did not start within {RELAY_START_S:g}s "
+                                f"(see {self.dir}/netem-relay-{ns}.log)")
+        nh.sh("nft", "-f", "-", netns=ns,
+              input_=relay.nft_rules(NFT_TABLE, address, (nh.GRPC_PORT, nh.RESP_PORT), nh.GRPC_PORT))
+        return f"delay {delay_ms}ms ±{jitter_ms}ms on {node_id} (TCP relay; no netem here)"
+
+    def _stop_relay(self, ns: str) -> None:
+        proc = self._relays.pop(ns, None)
+        pidfile = self._relay_pidfile(ns)
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            stop_relay_pid(int(pidfile.read_text()))
+        if proc is not None:
+            proc.kill()
+            proc.wait(KILL_WAIT_S)
+        pidfile.unlink(missing_ok=True)
 
     def _nft_loss(self, node_id: int, ns: str, loss_pct: float) -> str:
         share = max(0, min(100, int(loss_pct)))
@@ -266,3 +319,15 @@ class Faults:
     def heal_all(self, restart_timeout: float = 60.0) -> list:
         return [self.heal_network(), self.heal_clocks(), self.heal_disks(), self.resume_all(),
                 self.restart_dead(restart_timeout)]
+
+
+def stop_relay_pid(pid: int) -> None:
+    """SIGKILL pid if it still is a delay relay (a pid file may outlive its process, and the
+    pid be reused by another)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if b"xraft.ops.netem_relay" in cmdline:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

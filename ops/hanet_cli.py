@@ -82,7 +82,7 @@ def hosts_status(dir_, as_json):
 
 
 FAULTS = ("partition-halves", "partition-leader", "partition-ring", "partition-one-way", "heal-network",
-          "loss", "kill", "stop", "cont", "restart", "skew", "strobe", "heal-clocks", "fill-disk", "free-disks",
+          "loss", "delay", "kill", "stop", "cont", "restart", "skew", "strobe", "heal-clocks", "fill-disk", "free-disks",
           "power-cut", "heal-all")
 
 
@@ -91,7 +91,8 @@ FAULTS = ("partition-halves", "partition-leader", "partition-ring", "partition-o
 @click.argument("kind", type=click.Choice(FAULTS))
 @click.option("--node", "node_id", type=int, help="The victim (default: a random node).")
 @click.option("--seconds", type=float, default=10.0, show_default=True,
-              help="skew: the offset (negative: backward); strobe: the ± swing; loss: the percentage.")
+              help="skew: the offset (negative: backward); strobe: the ± swing; loss: the percentage; "
+              "delay: milliseconds (jitter a quarter of it).")
 @click.option("--seed", type=int, help="Random choices (halves, victims) from this seed.")
 def hosts_fault(dir_, kind, node_id, seconds, seed):
     """Inject or heal one fault by hand."""
@@ -101,6 +102,7 @@ def hosts_fault(dir_, kind, node_id, seconds, seed):
         "partition-halves": f.partition_halves, "partition-leader": f.partition_leader,
         "partition-ring": f.partition_ring, "partition-one-way": f.partition_one_way,
         "heal-network": f.heal_network, "loss": lambda: f.netem(victim, loss_pct=seconds),
+        "delay": lambda: f.netem(victim, delay_ms=int(seconds), jitter_ms=int(seconds) // 4),
         "kill": lambda: f.kill(victim), "stop": lambda: f.signal(victim, signal.SIGSTOP),
         "cont": lambda: f.signal(victim, signal.SIGCONT), "restart": f.restart_dead,
         "skew": lambda: f.skew(victim, seconds), "heal-clocks": f.heal_clocks,

@@ -7,36 +7,52 @@ next faults (kills, partitions, power cuts...) land while the change runs:
   recorded in cluster.json (restarts after a kill go through --join, as members_local.py
   does) and `node add` gives it replicas and leaders;
 - remove: a member (never below MIN_MEMBERS), half the time kill -9 first (a dead node is
-  removed the same way); once removed its process is stopped for good.
+  removed the same way); once removed its process is stopped for good;
+- replace a wiped node: kill -9 a member, wipe its data dir, `node remove` it, then start
+  a node with a NEW id in the same namespace, address and disk (hosts.json gets a row for
+  it, "replaces": the old id; node-<new>/mnt links to the old node's mount) with --join,
+  and `node add` it;
+- move: `xraftctl slots move` (ops/slots_cli.py) of a random slot range to another group,
+  half the time a range holding the workload's keys (one slot: they share a hash tag).
 A change that fails under the faults (the CLI gives up waiting) is run again after the
 final heal (`finish`): the CLI resumes from the map. Every start, end and failure goes
 into the nemesis timeline (heal's detail, and `finish`'s events).
 """
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import threading
+from pathlib import Path
 from typing import Optional
+
+from xraft.client.slots import key_slot
 
 from . import faults as fl
 from . import local_cluster as lc
 from . import members_cli
+from . import nemesis_workload as wl
 from . import netns_hosts as nh
-from .cluster_status import Connection
+from . import slots_cli
+from .cluster_admin import _ask
+from .cluster_status import Connection, StatusError
 
 MIN_MEMBERS = 3         # a removal never leaves fewer (each group keeps a majority of 3)
 CHANGE_WAIT_S = 60.0    # the CLI's --wait for one change under faults
 FINAL_WAIT_S = 240.0    # the same change run again after the final heal
 START_TIMEOUT_S = 60.0
 SPARES = 2              # spare namespaces a run with `member` makes
+MAX_MOVE_SLOTS = 512    # a move's range, at most
 
 
 class Members:
     def __init__(self, dir_: str, faults: fl.Faults, rng: random.Random):
         self.dir, self.faults, self.rng = dir_, faults, rng
         self._thread: Optional[threading.Thread] = None
-        self.pending: Optional[tuple] = None     # (op, node id) of a change not known done
+        self.pending: Optional[tuple] = None     # (op, node id or move range) of a change not known done
         self.log: list = []
+        self._round: list = []
 
     def _spares(self) -> list:
         return [h["id"] for h in self.faults.hosts["nodes"] if h.get("spare")]
@@ -55,24 +71,32 @@ class Members:
         return (alive or [n for n in cluster.nodes if n.id in self.faults.ids])[0].grpc
 
     def inject(self) -> str:
-        """Start one change (add when a spare is left and a coin says so, else remove)."""
+        """Start one change: add (a spare is left), remove or replace (above the minimum
+        size), or a slot move."""
         if self._thread is not None and self._thread.is_alive():
             return f"member change {self.pending} still running"
         if self.pending:     # the last change failed under the faults: the operator runs it again
             self._start(*self.pending)
-            return f"node {self.pending[0]} {self.pending[1]} again (resumes from the map)"
-        can_add, can_remove = bool(self._spares()), len(self.faults.ids) > MIN_MEMBERS
-        if not can_add and not can_remove:
-            return "no membership change possible (no spare, at the minimum size)"
-        if can_add and (not can_remove or self.rng.random() < 0.5):
-            what, op = self._start_spare(), "add"
+            return f"{self.pending[0]} {self.pending[1]} again (resumes from the map)"
+        possible = ["move"] + (["add"] if self._spares() else []) + (
+            ["remove", "replace"] if len(self.faults.ids) > MIN_MEMBERS else [])
+        # In rounds (each a fresh shuffle), as the nemesis' kinds: a run with few member
+        # faults still sees each change.
+        self._round = [op for op in self._round if op in possible] or self.rng.sample(possible, len(possible))
+        op = self._round.pop()
+        if op == "add":
+            what = self._start_spare()
+        elif op == "remove":
+            what = self._begin_remove()
+        elif op == "replace":
+            what = self._begin_replace()
         else:
-            what, op = self._begin_remove(), "remove"
-        self._start(op, self.pending[1])
+            what, self.pending = "slots move (range chosen from the map)", ("move", None)
+        self._start(*self.pending)
         return what
 
-    def _start(self, op: str, node_id: int) -> None:
-        self._thread = threading.Thread(target=self._change, args=(op, node_id, CHANGE_WAIT_S),
+    def _start(self, op: str, arg) -> None:
+        self._thread = threading.Thread(target=self._change, args=(op, arg, CHANGE_WAIT_S),
                                         name="nemesis-member", daemon=True)
         self._thread.start()
 
@@ -98,21 +122,100 @@ class Members:
         self.pending = ("remove", victim)
         return f"{killed}node remove {victim}"
 
-    def _change(self, op: str, node_id: int, wait_s: float) -> str:
+    def _begin_replace(self) -> str:
+        """kill -9 a member and wipe its data: the disk of a machine that is replaced."""
+        victim = self.rng.choice(self.faults.ids)
+        killed = self.faults.kill(victim)
+        self._mark(victim, removed=True)
+        data = Path(lc.load(self.dir).node(victim).data_dir)
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir(parents=True, exist_ok=True)
+        self.pending = ("replace", victim)
+        return f"{killed}; data of {victim} wiped; node remove {victim}, then a new node in its place"
+
+    def _replacement(self, old: int) -> int:
+        """The id of the node that takes old's place (made, started and recorded once: a
+        replace run again after a failure finds it)."""
+        hosts = self.faults.hosts
+        row = next((h for h in hosts["nodes"] if h.get("replaces") == old), None)
+        if row is None:
+            old_row = next(h for h in hosts["nodes"] if h["id"] == old)
+            new_id = max(h["id"] for h in hosts["nodes"]) + 1
+            node_dir = Path(self.dir) / f"node-{new_id}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            if not (node_dir / "mnt").exists():    # the same disk: the old node's wiped mount
+                os.symlink(Path(self.dir) / f"node-{old}" / "mnt", node_dir / "mnt")
+            row = {"id": new_id, "netns": old_row["netns"], "address": old_row["address"],
+                   "veth": old_row["veth"], "replaces": old}
+            hosts["nodes"].append(row)
+            nh.save_hosts(self.dir, hosts)
+        seed = self._seed()
+        with lc.locked(self.dir):
+            cluster = lc.load(self.dir)
+            if not any(n.id == row["id"] for n in cluster.nodes):
+                cluster.nodes.append(nh.spare_node(self.dir, row["id"], join=seed))
+            node = cluster.node(row["id"])
+            if not lc.is_alive(cluster, node):
+                lc.start_and_wait(cluster, [node], [], START_TIMEOUT_S, lambda _m: None, False,
+                                  start=nh.start_node)
+            lc.save(cluster)
+        return row["id"]
+
+    def _move(self, conn: Connection, planned, wait_s: float) -> dict:
+        """slots move of `planned` (first, last, group) or, when None, of a range chosen now."""
+        if planned is None:
+            planned = self._plan_move(_ask(conn, "slot map", lambda c: slots_cli.read_map(c, conn)))
+            self.pending = ("move", planned)
+        first, last, group = planned
+        return slots_cli.move(conn, f"{first}-{last}", group, wait_s, False)
+
+    def _plan_move(self, slot_map: dict) -> tuple:
+        """A range inside one owner's run (half the time the run of the workload's slot),
+        to another group of the map."""
+        slot = key_slot(wl.STREAM.encode()) if self.rng.random() < 0.5 else self.rng.randrange(16384)
+        a, b, owner = next(r for r in slot_map["slots"] if r[0] <= slot <= r[1])
+        first = self.rng.randint(max(a, slot - MAX_MOVE_SLOTS // 2), slot)
+        last = self.rng.randint(slot, min(b, first + MAX_MOVE_SLOTS - 1))
+        groups = [g["id"] for g in slot_map["groups"]]
+        return first, last, self.rng.choice([g for g in groups if g != owner] or groups)
+
+    def _change(self, op: str, arg, wait_s: float) -> str:
         conn = Connection(seed=self._seed(), timeout=5.0)
         try:
             if op == "add":
-                node = lc.load(self.dir).node(node_id)
-                r = members_cli.add_node(conn, node_id, node.grpc, node.resp, wait_s, False)
+                node = lc.load(self.dir).node(arg)
+                r = members_cli.add_node(conn, arg, node.grpc, node.resp, wait_s, False)
+            elif op == "replace":
+                members_cli.remove_node(conn, arg, wait_s, False)
+                new_id = self._replacement(arg)
+                self.pending = ("add", new_id)
+                node = lc.load(self.dir).node(new_id)
+                r = members_cli.add_node(conn, new_id, node.grpc, node.resp, wait_s, False)
+                r = dict(r, replaced=arg)
+            elif op == "move":
+                r = self._move(conn, arg, wait_s)
+                if r["result"] == "timeout":      # still going: watched again at the end
+                    raise nh.HostsError(slots_cli.move_text(r))
             else:
-                r = members_cli.remove_node(conn, node_id, wait_s, False)
-                self.faults.kill(node_id)    # decommissioned: it never runs again
-        except Exception as e:               # the CLI gave up under the faults: run again at the end
-            text = f"node {op} {node_id} failed: {e}"
+                r = members_cli.remove_node(conn, arg, wait_s, False)
+                self.faults.kill(arg)    # decommissioned: it never runs again
+        except StatusError as e:
+            if op != "move" or "refused the move" not in str(e):
+                return self._failed(op, arg, e)
+            self.pending = None                  # refused (another move holds those slots): nothing happened
+            text = f"slots move {arg}: {e}"
             self.log.append(text)
             return text
+        except Exception as e:               # the CLI gave up under the faults: run again at the end
+            return self._failed(op, arg, e)
         self.pending = None
-        text = members_cli.result_text(r)
+        text = slots_cli.move_text(r) if op == "move" else members_cli.result_text(r) + (
+            f" (in place of wiped node {arg})" if op == "replace" else "")
+        self.log.append(text)
+        return text
+
+    def _failed(self, op: str, arg, e: Exception) -> str:
+        text = f"{op} {self.pending[1] if self.pending else arg} failed: {e}"
         self.log.append(text)
         return text
 

@@ -34,6 +34,9 @@ DEFAULT_KINDS = ("partition", "kill", "pause", "clock", "disk")
 # Small snapshots: a kill often lands while a node writes one (the crash-during-snapshot fault).
 NEMESIS_NODE_ARGS = ("--snapshot-entries=200", "--tick-ms=50")
 SETTLE_TIMEOUT_S = 90.0
+NETEM_DELAYS_MS = (30, 100, 250)
+# Reported under faults_unsupported when the netem kind runs without sch_netem.
+NETEM_PARTIAL = "netem-duplicate-reorder"
 DRAIN_LIMIT = 10_000        # XREADGROUP batches in the final drain
 FIRST_ROUND_GRACE_S = 120.0  # how long a run may go past --time to inject its first round
 
@@ -110,8 +113,13 @@ class Nemesis(threading.Thread):
         if kind == "member":
             return self.members.inject()
         if kind == "netem":
-            return f.netem(victim, delay_ms=50, jitter_ms=30, loss_pct=20, duplicate_pct=5, reorder_pct=10) \
-                if f.netem_supported() else f.netem(victim, loss_pct=30)
+            delay_ms = self.rng.choice(NETEM_DELAYS_MS)
+            try:
+                return f.netem(victim, delay_ms=delay_ms, jitter_ms=delay_ms // 2, loss_pct=20, duplicate_pct=5,
+                               reorder_pct=10)
+            except fl.FaultUnsupported as e:      # no sch_netem: delay (relay) and loss (nft) only
+                self.skipped.setdefault(NETEM_PARTIAL, str(e))
+                return f.netem(victim, delay_ms=delay_ms, jitter_ms=delay_ms // 2, loss_pct=20)
         raise ValueError(f"unknown nemesis kind {kind!r}")
 
     def heal(self, kind: str) -> str:

@@ -12,8 +12,8 @@
 The network: a bridge in the root namespace holding 10.<a>.<b>.1/24 (clients run in the
 root namespace and reach every node through it), and per node a veth pair, one end on
 the bridge and the other, eth0, in namespace <prefix>-n<id> with 10.<a>.<b>.<10+id>.
-Network faults (ops/faults.py) are nft rules and qdiscs inside the node namespaces, so
-they die with the namespaces too.
+Network faults (ops/faults.py) are nft rules, qdiscs and delay relays inside the node
+namespaces, so they die with the namespaces too (`down` kills what still runs in one).
 
 Nodes run under `ip netns exec`, which execs the node in place: the pid recorded in
 cluster.json is the node itself, and `xraftctl local status/kill --dir DIR` work too.
@@ -335,6 +335,11 @@ def _remove(res: dict) -> bool:
     if kind == "netns":
         if res["name"] not in sh("ip", "netns", "list"):
             return True
+        # Whatever still runs in it (a delay relay of ops/faults.py a crashed harness left,
+        # a node it never stopped) would keep the namespace alive after `ip netns del`.
+        for pid in sh("ip", "netns", "pids", res["name"], check=False).split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), 9)
         return subprocess.run(["ip", "netns", "del", res["name"]], capture_output=True).returncode == 0
     if kind == "link":
         if subprocess.run(["ip", "link", "show", res["name"]], capture_output=True).returncode != 0:

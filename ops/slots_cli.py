@@ -4,7 +4,8 @@
 
 1. Reads the map (GetSlotMap) and proposes BeginMove(expect_epoch = its epoch) to the
    metadata group's leader (ProposeMapChange). A stale epoch (someone changed the map in
-   between) is planned again from the new map, a few times. If the map already holds this
+   between) is planned again from the new map, a few times; a transient error (unknown
+   outcome, unavailable, deadline) reads the map again until --wait. If the map already holds this
    very move (a CLI that crashed and was run again), it is watched, not begun again; if G
    already owns every slot of the run, there is nothing to do (exit 0).
 2. Watches the map (every POLL_S; a map older than one already seen is ignored) with a
@@ -35,6 +36,7 @@ from xraft.client import errors
 
 from .cluster_admin import _ask
 from .cluster_status import Connection, StatusError
+from .members_cli import _transient
 
 POLL_S = 0.05
 BEGIN_ATTEMPTS = 5
@@ -64,31 +66,43 @@ def read_map(client, conn: Connection) -> dict:
     return json.loads(client.get_slot_map(timeout=conn.timeout).slot_map)
 
 
-def begin(client, conn: Connection, first: int, last: int, to_group: int) -> dict:
-    """Propose the BeginMove (or find it already there); the map holding the migration."""
-    for _ in range(BEGIN_ATTEMPTS):
-        m = read_map(client, conn)
-        mig = migration(m, first, last)
-        if mig is not None:
-            if mig["target"] != to_group:
-                raise StatusError(f"slots {first}-{last} are already moving to group {mig['target']}")
-            return m
-        if all(g == to_group for a, b, g in m["slots"] if a <= last and b >= first):
-            return m                        # already there (a re-run after the move finished)
-        change = json.dumps({"v": 1, "kind": "begin_move", "expect_epoch": m["epoch"], "first": first,
-                             "last": last, "target": to_group}, sort_keys=True, separators=(",", ":"))
-        r = client.propose_map_change(change.encode(), timeout=conn.timeout)
+def begin(client, conn: Connection, first: int, last: int, to_group: int, wait_s: float = 60.0) -> dict:
+    """Propose the BeginMove (or find it already there); the map holding the migration.
+    A transient error (unknown outcome, unavailable, deadline: a metadata leader changing)
+    reads the map again until wait_s: the move is either in it now or was never begun."""
+    deadline = time.monotonic() + wait_s
+    stale = 0
+    while True:
+        try:
+            m = read_map(client, conn)
+            mig = migration(m, first, last)
+            if mig is not None:
+                if mig["target"] != to_group:
+                    raise StatusError(f"slots {first}-{last} are already moving to group {mig['target']}")
+                return m
+            if all(g == to_group for a, b, g in m["slots"] if a <= last and b >= first):
+                return m                        # already there (a re-run after the move finished)
+            change = json.dumps({"v": 1, "kind": "begin_move", "expect_epoch": m["epoch"], "first": first,
+                                 "last": last, "target": to_group}, sort_keys=True, separators=(",", ":"))
+            r = client.propose_map_change(change.encode(), timeout=conn.timeout)
+        except errors.XRaftError as e:
+            if not _transient(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(POLL_S * 4)
+            continue
         if r.applied:
             return json.loads(r.slot_map)
         if r.refused_kind != "stale_epoch":
             raise StatusError(f"the metadata group refused the move: {r.refused}")
-    raise StatusError(f"the slot map kept changing: {BEGIN_ATTEMPTS} attempts to begin the move were stale")
+        stale += 1
+        if stale >= BEGIN_ATTEMPTS:
+            raise StatusError(f"the slot map kept changing: {BEGIN_ATTEMPTS} attempts to begin the move were stale")
 
 
 def watch(client, conn: Connection, first: int, last: int, to_group: int, wait_s: float,
           show_progress: bool) -> dict:
     t0 = time.monotonic()
-    m = begin(client, conn, first, last, to_group)
+    m = begin(client, conn, first, last, to_group, wait_s)
     mig = migration(m, first, last)
     source = mig["source"] if mig else owner_of(m, first)
     phases, reason, frozen_at, live_at = [], "", None, None

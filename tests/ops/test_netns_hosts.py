@@ -132,6 +132,73 @@ def test_full_disk_is_enospc_for_that_node_only(cluster):
         f.restart_dead()
 
 
+def _min_ping_ms(resp_addr: str, pings: int = 5) -> float:
+    """The fastest of a few PINGs on a NEW connection (the delay relay catches new ones)."""
+    r = lc.resp_client(resp_addr, 10.0)
+    try:
+        best = float("inf")
+        for _ in range(pings):
+            t0 = time.monotonic()
+            assert r.ping()
+            best = min(best, (time.monotonic() - t0) * 1000)
+        return best
+    finally:
+        r.close()
+
+
+def relay_pids() -> list:
+    """Running delay relays (not zombies: a relay this process started and a fresh Faults
+    killed is reaped only by the dropped Popen's parent, here the test process)."""
+    out = subprocess.run(["pgrep", "-f", "xraft.ops.netem_relay"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if _state(int(p)) not in ("Z", "X", None)]
+
+
+def _state(pid: int):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def test_delay_raises_the_rtt_to_that_node_and_heal_removes_it(cluster):
+    """Delay with jitter on a kernel without netem: the relay adds about the delay to a
+    request's round trip (lower bound only), the node still serves, and heal removes the
+    relay and its rules."""
+    f = fl.Faults(cluster)
+    node = lc.load(cluster).node(2)
+    ns = nh.netns_of(cluster, 2)
+    delay_ms, jitter_ms = 300, 50
+    try:
+        detail = f.netem(2, delay_ms=delay_ms, jitter_ms=jitter_ms)
+        assert "delay 300ms" in detail
+        # Each PING's reply is held at least delay - jitter.
+        assert _min_ping_ms(node.resp) >= delay_ms - jitter_ms
+        assert relay_pids()
+    finally:
+        f.heal_network()
+    assert not relay_pids()
+    assert fl.NFT_TABLE not in nh.sh("nft", "list", "tables", netns=ns)
+    assert wait_for(lambda: _try(lambda: _min_ping_ms(node.resp, 1)), "PING after the heal")
+
+
+def test_heal_after_a_harness_crash_stops_the_relay(cluster):
+    """The relay's pid file lets another process (a later run, `hosts fault heal`) stop it."""
+    fl.Faults(cluster).netem(3, delay_ms=50)
+    assert relay_pids()
+    fl.Faults(cluster).heal_network()      # a fresh Faults: the one that started it is gone
+    assert not relay_pids()
+
+
+def test_duplication_and_reordering_are_refused_without_netem(cluster):
+    f = fl.Faults(cluster)
+    if f.netem_supported():
+        pytest.skip("this kernel has tc netem")
+    for kwargs in ({"duplicate_pct": 5}, {"reorder_pct": 10}):
+        with pytest.raises(fl.FaultUnsupported, match="TCP"):
+            f.netem(1, delay_ms=10, **kwargs)
+    assert not relay_pids()
+
+
 def test_kill_and_restart(cluster):
     f = fl.Faults(cluster)
     f.kill(2)
@@ -152,7 +219,10 @@ def test_down_removes_what_a_crashed_up_left(tmp_path):
     nh._make_network(d, hosts, 2, lambda _m: None)
     nh._record(d, hosts, {"kind": "netns", "name": "xrcrash-never-made"})
     assert "xrcrash-n1" in netns_names()
+    # A process left running in a namespace (a relay or node of the crashed harness) is killed.
+    left = subprocess.Popen(["ip", "netns", "exec", "xrcrash-n1", "sleep", "600"])
     result = CliRunner().invoke(cli.main, ["hosts", "down", "--dir", d])
     assert result.exit_code == 0, result.output
     assert_all_removed(hosts)
     assert nh.load_hosts(d)["resources"] == []
+    assert left.wait(10) == -9
