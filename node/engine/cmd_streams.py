@@ -355,7 +355,7 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
     state = chunk = recorded = None                 # IDMP: the table, this batch's chunk, the producer's dict
     inline = False                                  # IDMP: record pairs inline (idmp.py begin_batch)
     n_recorded = n_evicted = 0                      # IDMP: pairs recorded and evicted inline
-    pads = _IID_PADS
+    pads, short_iid, legacy = _IID_PADS, SHORT_IID, 0
     for i, (kind, ms, seq, fields) in enumerate(entries):
         if idmp:
             iid = idmp_iids[i]
@@ -374,8 +374,8 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
             raw_iid = iid
             if iid is None:
                 iid = auto_iid(fields)
-            elif len(iid) < SHORT_IID:
-                iid = iid + pads[len(iid)]          # manual_iid inlined (runs per entry)
+            elif (iid_len := len(iid)) < short_iid:
+                iid = iid + pads[iid_len]           # manual_iid inlined (runs per entry)
             else:
                 iid = manual_iid(iid)
             if state is None:
@@ -385,9 +385,10 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
                     state.expire(now_ms)
                     expired = True
                     recorded = state.producers.get(idmp_pid)   # recording makes it if None
+                    legacy = state.legacy_until_ms  # only expire() changes it
                 if recorded is not None:
                     dup = recorded.get(iid)
-                    if dup is None and state.legacy_until_ms and raw_iid is not None:
+                    if dup is None and legacy and raw_iid is not None:
                         dup = state.find_manual(recorded, raw_iid, iid)
                     if dup is not None:
                         state.iids_duplicates += 1
