@@ -147,6 +147,8 @@ class IdmpState:
         self.queue: deque = deque()
         self.tracked = 0                  # Invariant: the pairs in `producers`, all producers together
         self.queued = 0                   # keys in the queue's chunks, dead ones included
+        # (tracked, queued and iids_added lag behind inside one xadd_many batch that records
+        # inline: begin_batch .. end_batch; nothing reads them in between.)
         # 0, or the newest added_ms of pairs loaded from a record of version < 5,
         # whose short ids are digests (module doc). Invariant: >= 0; back to 0
         # once expiry has passed it (every such pair is gone by then).
