@@ -96,6 +96,7 @@ def crossshard(args, dir_: str) -> None:
         seeds = [n.grpc for n in cluster.nodes]
         pids = bc.cluster_pids(cluster)
         sums = {"single": 0.0, "cross": 0.0}
+        split = {"single": [], "cross": []}
         for r in range(args.rounds):
             keys = uvloop.run(_fresh_streams(seeds, layout, r))
             per_key = args.entries // len(keys)
@@ -106,14 +107,18 @@ def crossshard(args, dir_: str) -> None:
             for side in (("single", "cross") if r % 2 == 0 else ("cross", "single")):
                 if side == "single":
                     got[side], us[side] = _measured(pids, lambda: uvloop.run(
-                        bc.sdk_consume(seeds, single_key, per_key * len(keys)))["rate"])
+                        bc.sdk_consume(seeds, single_key, per_key * len(keys)))["rate"], split[side])
                 else:
                     got[side], us[side] = _measured(pids, lambda: uvloop.run(
-                        asyncio.wait_for(bc.crossshard_consume(seeds, keys, per_key), bc.CROSSSHARD_LIMIT_S)))
+                        asyncio.wait_for(bc.crossshard_consume(seeds, keys, per_key), bc.CROSSSHARD_LIMIT_S)),
+                        split[side])
                 sums[side] += got[side]
             print(f"round {r + 1}: single-stream Consume {got['single']:,.0f}/s  cross-shard consume() "
                   f"{got['cross']:,.0f}/s  ratio {got['cross'] / got['single']:.2f}  | CPU us/entry single "
                   f"{us['single']:.0f} cross {us['cross']:.0f}  (load {bc.load_avg():.1f})", flush=True)
+        for side in ("single", "cross"):
+            print(f"{side} CPU us/entry per process (median): " + ", ".join(
+                f"{name} {statistics.median(s[name] for s in split[side]):.1f}" for name in split[side][0]))
         print(f"summed: single {sums['single']:,.0f}  cross {sums['cross']:,.0f}  "
               f"ratio {sums['cross'] / sums['single']:.2f}")
     finally:

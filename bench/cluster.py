@@ -652,20 +652,27 @@ async def crossshard_consume(seeds, keys, n_per_key: int, batch: int = BATCH, ac
                     rooms[key].release()
 
             held = {k.encode(): [] for k in keys}
+
+            async def send(key):
+                await rooms[key].acquire()
+                t = asyncio.ensure_future(ack(key, held[key]))
+                acking.add(t)
+                t.add_done_callback(acking.discard)
+                held[key] = []
+
+            # Per delivery only its own stream's batch can fill (what sdk_consume does for
+            # its one stream); the other streams' partial batches go with the last delivery.
             async for d in session:
                 st["t0"] = st["t0"] or time.perf_counter()
                 st["delivered"] += 1
                 ids = held[d.key]
                 ids.append(d.id)
-                last = st["delivered"] >= n
-                for key, ids in held.items():
-                    if ids and (len(ids) == batch or last):
-                        await rooms[key].acquire()
-                        t = asyncio.ensure_future(ack(key, ids))
-                        acking.add(t)
-                        t.add_done_callback(acking.discard)
-                        held[key] = []
-                if last:
+                if len(ids) == batch:
+                    await send(d.key)
+                if st["delivered"] >= n:
+                    for key, ids in held.items():
+                        if ids:
+                            await send(key)
                     break
             while acking:
                 await asyncio.gather(*acking)

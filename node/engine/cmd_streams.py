@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from .commands import BLOCKING, READONLY, WRITE, command
 from .errors import NO_SUCH_KEY, CommandError, WrongTypeError, not_integer, syntax_error, wrong_arity
 from .refs import KEEPREF, parse_policy, trim_with_policy
-from .idmp import ERR_AUTO_ID_ONLY, ERR_IDMP_EMPTY_IID, ERR_TWICE, auto_iid, check_producer, idmp_of, manual_iid
+from .idmp import (ERR_AUTO_ID_ONLY, ERR_IDMP_EMPTY_IID, ERR_TWICE, SHORT_IID, auto_iid, check_producer, idmp_of,
+                   manual_iid)
+from .idmp import SHORT_IID_PADS as _IID_PADS
 from ..invariant import invariant
 from .replies import NULL_ARRAY, OK, PairMap, WouldBlock
 from .stream import Stream
@@ -351,6 +353,9 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
     add = out.append
     expired = False
     state = chunk = recorded = None                 # IDMP: the table, this batch's chunk, the producer's dict
+    inline = False                                  # IDMP: record pairs inline (idmp.py begin_batch)
+    n_recorded = n_evicted = 0                      # IDMP: pairs recorded and evicted inline
+    pads, short_iid, legacy = _IID_PADS, SHORT_IID, 0
     for i, (kind, ms, seq, fields) in enumerate(entries):
         if idmp:
             iid = idmp_iids[i]
@@ -367,7 +372,12 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
             # xadd's _idmp_duplicate, with expiry once (every entry has the same
             # now_ms) and the producer's dict looked up once.
             raw_iid = iid
-            iid = manual_iid(iid) if iid is not None else auto_iid(fields)
+            if iid is None:
+                iid = auto_iid(fields)
+            elif (iid_len := len(iid)) < short_iid:
+                iid = iid + pads[iid_len]           # manual_iid inlined (runs per entry)
+            else:
+                iid = manual_iid(iid)
             if state is None:
                 state = target.idmp
             if state is not None:
@@ -375,9 +385,10 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
                     state.expire(now_ms)
                     expired = True
                     recorded = state.producers.get(idmp_pid)   # recording makes it if None
+                    legacy = state.legacy_until_ms  # only expire() changes it
                 if recorded is not None:
                     dup = recorded.get(iid)
-                    if dup is None and state.legacy_until_ms and raw_iid is not None:
+                    if dup is None and legacy and raw_iid is not None:
                         dup = state.find_manual(recorded, raw_iid, iid)
                     if dup is not None:
                         state.iids_duplicates += 1
@@ -404,12 +415,28 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
                 if state is None:
                     state = idmp_of(target, True)
                     expired = True                  # nothing to expire in a new table
-                chunk = state.new_chunk(idmp_pid, now_ms)
-                recorded = state.producer_ids(idmp_pid)
-            state.record_in(chunk, recorded, iid, sid)
+                chunk, recorded, inline = state.begin_batch(idmp_pid, now_ms, n - i)
+                chunk_keys, maxsize, pop_oldest = chunk.keys, state.maxsize, recorded.popitem
+            if inline:
+                # state.record_in inlined (idmp.py begin_batch): this runs per entry;
+                # the table's counters are settled once, after the loop.
+                recorded[iid] = (sid, chunk, len(chunk_keys))
+                chunk_keys.append(iid)
+                chunk.live += 1
+                n_recorded += 1
+                if len(recorded) > maxsize:         # the producer's oldest goes (its chunk's count)
+                    n_evicted += 1
+                    evicted = pop_oldest(False)[1][1]
+                    evicted.live -= 1
+                    if not evicted.live and evicted is state.queue[0]:
+                        state.drop_dead_head()
+            else:
+                state.record_in(chunk, recorded, iid, sid)
         if trim is not None:
             trim(*trim_args)
         add(b"%d-%d" % (ms, seq))
+    if n_recorded:
+        state.end_batch(n_recorded, n_evicted)
     if target.entries_added != added_before:
         db.signal_ready(key)
     return out

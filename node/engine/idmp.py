@@ -63,8 +63,8 @@ _IID_AUTO = b"\x02"
 _U32 = struct.Struct(">I")
 
 
-_SHORT_IID = 16                   # ids shorter than this are kept as themselves (module doc)
-_PADS = tuple(b"\x00" * (15 - n) + bytes((n,)) for n in range(_SHORT_IID))
+SHORT_IID = 16                   # ids shorter than this are kept as themselves (module doc)
+SHORT_IID_PADS = tuple(b"\x00" * (15 - n) + bytes((n,)) for n in range(SHORT_IID))
 
 
 def legacy_iid(iid: bytes) -> bytes:
@@ -72,10 +72,10 @@ def legacy_iid(iid: bytes) -> bytes:
     return hashlib.blake2b(_IID_MANUAL + iid, digest_size=16).digest()
 
 
-def manual_iid(iid: bytes, _pads=_PADS) -> bytes:
+def manual_iid(iid: bytes, _pads=SHORT_IID_PADS) -> bytes:
     """The 16-byte key of IDMP's idempotent id (module doc)."""
     n = len(iid)
-    if n < _SHORT_IID:
+    if n < SHORT_IID:
         return iid + _pads[n]
     return hashlib.blake2b(_IID_MANUAL + iid, digest_size=16).digest()
 
@@ -147,6 +147,8 @@ class IdmpState:
         self.queue: deque = deque()
         self.tracked = 0                  # Invariant: the pairs in `producers`, all producers together
         self.queued = 0                   # keys in the queue's chunks, dead ones included
+        # (tracked, queued and iids_added lag behind inside one xadd_many batch that records
+        # inline: begin_batch .. end_batch; nothing reads them in between.)
         # 0, or the newest added_ms of pairs loaded from a record of version < 5,
         # whose short ids are digests (module doc). Invariant: >= 0; back to 0
         # once expiry has passed it (every such pair is gone by then).
@@ -173,7 +175,8 @@ class IdmpState:
         self.queued -= len(chunk.keys)
         return chunk
 
-    def _drop_dead_head(self) -> None:
+    def drop_dead_head(self) -> None:
+        """Pop the chunks at the queue's head that hold no live pair."""
         queue = self.queue
         while queue and not queue[0].live:
             self._pop_head()
@@ -195,7 +198,7 @@ class IdmpState:
         is `key` (manual_iid(raw_iid)), trying its old digest key while pairs
         from an older record may hold one; None if neither is there."""
         value = ids.get(key)
-        if value is None and self.legacy_until_ms and len(raw_iid) < _SHORT_IID:
+        if value is None and self.legacy_until_ms and len(raw_iid) < SHORT_IID:
             value = ids.get(legacy_iid(raw_iid))
         return value
 
@@ -244,9 +247,29 @@ class IdmpState:
             evicted.live -= 1
             self.tracked -= 1
             if not evicted.live and evicted is self.queue[0]:
-                self._drop_dead_head()
+                self.drop_dead_head()
         if self.tracked > MAX_TRACKED_IIDS:
             self._evict_oldest()
+        if self.queued > 2 * self.tracked + 4096:
+            self._compact()
+
+    def begin_batch(self, pid: bytes, now_ms: int, n: int) -> tuple:
+        """(chunk, pid's dict, fast) for recording up to n pairs of one XADD
+        batch. `fast`: the stream-wide MAX_TRACKED_IIDS cannot be reached by
+        this batch, so the caller may record each pair inline (`xadd_many`:
+        the dict insert, the chunk's keys and live count, and the eviction of
+        the producer's oldest beyond maxsize, as record_in does it), and then
+        settles the counters once with end_batch. Not fast: record_in per pair."""
+        chunk = self.new_chunk(pid, now_ms)
+        return chunk, self.producer_ids(pid), self.tracked + n <= MAX_TRACKED_IIDS
+
+    def end_batch(self, recorded: int, evicted: int) -> None:
+        """Settle the counters after `recorded` inline recordings that evicted
+        `evicted` pairs (begin_batch); compact as record_in would have (a
+        compaction only moves keys inside the queue: it may run late)."""
+        self.queued += recorded
+        self.tracked += recorded - evicted
+        self.iids_added += recorded
         if self.queued > 2 * self.tracked + 4096:
             self._compact()
 
