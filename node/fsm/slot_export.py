@@ -45,8 +45,8 @@ def export_chunk(sm, m: MoveId, cursor: bytes, max_bytes: int, *, live: bool = F
     max_bytes = max(1, min(int(max_bytes), MAX_CHUNK_BYTES))
     if cursor == END:
         return b"", END, True, b""
-    if cursor == KEYS_DONE:
-        return b"", END, True, session_table(sm)
+    if cursor == KEYS_DONE:                  # (the pre-copy needs no session table: PRESTAGE keeps none)
+        return b"", END, True, b"" if live else session_table(sm)
     try:
         slot, ordinal, offset = decode_cursor(cursor)
     except ValueError as e:

@@ -6,7 +6,8 @@ goes on. For each migration, one step per round:
 
     phase      data-group work (MoveSteps, idempotent;        then propose (AdvanceMove)
                docs/slot-move-steps.md)
-    SEALING    seal at A                                      Sealed
+    SEALING    pre-copy A -> B while A serves (resumes from   Sealed
+               B's pre-copy cursor; best effort), seal at A
     COPYING    the map's cursor is not END: copy A -> B       Copied(END, replicated + chunks)
                (resumes from B's replicated cursor)
                the map's cursor is END: verify -> digest      Verified(digest)
@@ -15,6 +16,12 @@ goes on. For each migration, one step per round:
                release at A
     RELEASED   activate at B again (B live: idempotent)       Finish
     ABORTED    abort: UNSEAL at A, DROP_STAGING at B          Finish
+
+The pre-copy is why writes wait only for the delta: the sealed copy sends every key again,
+but a big stream as a DELTA record against B's pre-copy (the nodes after B's last one, plus
+its groups), checked at B by a prefix digest and at the end by the manifest digest as before.
+A pre-copy step the fsm refuses (A's keys changed under a piece, ...) is not fatal: the seal
+follows, and the sealed copy sends in full whatever the pre-copy missed.
 
 The map records the copy once, when it is complete (B's own replicated cursor is what a
 resumed copy starts from, so per-chunk map writes would only cost metadata entries).
@@ -35,7 +42,8 @@ the move is aborted with that reason; after it the step is retried (the map cann
 
 Failpoints (tests): XRAFT_FAILPOINTS="name,name" kills this process with SIGKILL when the
 reconciler reaches `move.<phase>.step` (before the data step of that phase) or
-`move.<phase>.propose` (data step done, change not yet proposed). With XRAFT_FAILPOINTS_ONCE
+`move.<phase>.propose` (data step done, change not yet proposed), and `move.sealing.precopied`
+(pre-copy complete, seal not yet asked). With XRAFT_FAILPOINTS_ONCE
 set to a directory, each failpoint fires once (the process that creates DIR/<name> dies), so
 the next metadata leader, started with the same environment, goes on. No sleeps: the test waits for
 the process to die.
@@ -78,6 +86,7 @@ class MoveSteps(Protocol):
     method is idempotent; raising means "not done, try again"."""
 
     async def seal(self, source_group: int, first: int, last: int, started_epoch: int) -> None: ...
+    # optional: precopy(source_group, target_group, first, last, started_epoch) -> keys pre-copied
     async def copy(self, source_group: int, target_group: int, first: int, last: int, started_epoch: int,
                    cursor: Optional[bytes] = None, progress=None) -> tuple: ...
     async def verify(self, source_group: int, target_group: int, first: int, last: int,
@@ -227,6 +236,8 @@ class MoveReconciler:
         phase = mig.phase
         st, a, b, run = self.steps, mig.source, mig.target, (mig.first, mig.last, mig.started_epoch)
         if phase == MovePhase.SEALING:
+            await self._precopy(mig)
+            failpoint("move.sealing.precopied")
             await st.seal(a, *run)
             event = Sealed()
         elif phase == MovePhase.COPYING and mig.cursor != COPY_END:
@@ -252,6 +263,19 @@ class MoveReconciler:
             await st.abort(a, b, *run)
             event = Finish()
         return event
+
+    async def _precopy(self, mig: Migration) -> None:
+        """The pre-copy before the seal (module doc); a refusal only means less was pre-copied."""
+        precopy = getattr(self.steps, "precopy", None)
+        if precopy is None:
+            return
+        try:
+            keys = await precopy(mig.source, mig.target, mig.first, mig.last, mig.started_epoch)
+        except MoveStepRefused as exc:
+            log.info("slots %d-%d -> group %d: pre-copy refused (%s): sealing anyway", mig.first, mig.last,
+                     mig.target, exc)
+            return
+        log.info("slots %d-%d -> group %d: pre-copied %d keys", mig.first, mig.last, mig.target, keys)
 
     async def _propose(self, mig: Migration, event) -> bool:
         """Propose one step; True when its effect is in the map."""
