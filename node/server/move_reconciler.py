@@ -6,8 +6,9 @@ goes on. For each migration, one step per round:
 
     phase      data-group work (MoveSteps, idempotent;        then propose (AdvanceMove)
                docs/slot-move-steps.md)
-    SEALING    pre-copy A -> B while A serves (resumes from   Sealed
-               B's pre-copy cursor; best effort), seal at A
+    PRECOPYING pre-copy A -> B while A serves (resumes from   Precopied
+               B's pre-copy cursor; best effort)
+    SEALING    seal at A                                      Sealed
     COPYING    the map's cursor is not END: copy A -> B       Copied(END, replicated + chunks)
                (resumes from B's replicated cursor)
                the map's cursor is END: verify -> digest      Verified(digest)
@@ -20,8 +21,8 @@ goes on. For each migration, one step per round:
 The pre-copy is why writes wait only for the delta: the sealed copy sends every key again,
 but a big stream as a DELTA record against B's pre-copy (the nodes after B's last one, plus
 its groups), checked at B by a prefix digest and at the end by the manifest digest as before.
-A pre-copy step the fsm refuses (A's keys changed under a piece, ...) is not fatal: the seal
-follows, and the sealed copy sends in full whatever the pre-copy missed.
+A pre-copy step the fsm refuses (A's keys changed under a piece, ...) is not fatal: Precopied
+is proposed anyway, and the sealed copy sends in full whatever the pre-copy missed.
 
 The map records the copy once, when it is complete (B's own replicated cursor is what a
 resumed copy starts from, so per-chunk map writes would only cost metadata entries).
@@ -42,8 +43,7 @@ the move is aborted with that reason; after it the step is retried (the map cann
 
 Failpoints (tests): XRAFT_FAILPOINTS="name,name" kills this process with SIGKILL when the
 reconciler reaches `move.<phase>.step` (before the data step of that phase) or
-`move.<phase>.propose` (data step done, change not yet proposed), and `move.sealing.precopied`
-(pre-copy complete, seal not yet asked). With XRAFT_FAILPOINTS_ONCE
+`move.<phase>.propose` (data step done, change not yet proposed). With XRAFT_FAILPOINTS_ONCE
 set to a directory, each failpoint fires once (the process that creates DIR/<name> dies), so
 the next metadata leader, started with the same environment, goes on. No sleeps: the test waits for
 the process to die.
@@ -62,7 +62,7 @@ import grpc
 from ..cluster.changes import AdvanceMove, StaleEpoch, already_applied
 from ..cluster.meta_machine import MetaApplied, MetaRefused
 from ..cluster.slot_map import BEFORE_DECISION, MAX_REASON_CHARS, Migration, MovePhase, SlotMap
-from ..cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Released, Sealed, Verified
+from ..cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Precopied, Released, Sealed, Verified
 from ..fsm.slot_moves import END
 from .slot_move_steps import MoveStepRefused
 
@@ -235,9 +235,10 @@ class MoveReconciler:
         """The data-group work of mig's phase (module doc); the event to propose next."""
         phase = mig.phase
         st, a, b, run = self.steps, mig.source, mig.target, (mig.first, mig.last, mig.started_epoch)
-        if phase == MovePhase.SEALING:
+        if phase == MovePhase.PRECOPYING:
             await self._precopy(mig)
-            failpoint("move.sealing.precopied")
+            event = Precopied()
+        elif phase == MovePhase.SEALING:
             await st.seal(a, *run)
             event = Sealed()
         elif phase == MovePhase.COPYING and mig.cursor != COPY_END:
@@ -265,14 +266,15 @@ class MoveReconciler:
         return event
 
     async def _precopy(self, mig: Migration) -> None:
-        """The pre-copy before the seal (module doc); a refusal only means less was pre-copied."""
+        """The pre-copy before the seal (module doc); a refusal only means less was pre-copied.
+        A MoveSteps without `precopy` (an older one, a test's) pre-copies nothing."""
         precopy = getattr(self.steps, "precopy", None)
         if precopy is None:
             return
         try:
             keys = await precopy(mig.source, mig.target, mig.first, mig.last, mig.started_epoch)
         except MoveStepRefused as exc:
-            log.info("slots %d-%d -> group %d: pre-copy refused (%s): sealing anyway", mig.first, mig.last,
+            log.info("slots %d-%d -> group %d: pre-copy refused (%s): going on to the seal", mig.first, mig.last,
                      mig.target, exc)
             return
         log.info("slots %d-%d -> group %d: pre-copied %d keys", mig.first, mig.last, mig.target, keys)
