@@ -177,7 +177,7 @@ def test_a_decided_move_is_never_aborted_by_the_timeout():
     steps.fail["release"] = 3
     meta.begin()
     rec = MoveReconciler(meta, steps, move_timeout_s=30, clock=lambda: now[0])
-    run(drive(rec, meta, limit=4))                   # up to DECIDED
+    run(drive(rec, meta, limit=5))                   # up to DECIDED
     now[0] = 100.0
     run(drive(rec, meta))
     assert meta.slot_map.owner(FIRST) == 3 and "abort" not in steps.calls
