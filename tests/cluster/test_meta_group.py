@@ -157,14 +157,14 @@ def test_move_map_changes_reach_every_node_and_survive_restarts(meta_cluster):
     cluster.nodes[lead].wait_exit()
     alive = [n.grpc for n in cluster.nodes.values() if n.id != lead]
     with sync.Client(alive, timeout=30) as c:
-        for event, epoch in (({"kind": "abort", "reason": "operator"}, 2), ({"kind": "finish"}, 3)):
+        for event, epoch in (({"kind": "abort", "reason": "operator"}, 3), ({"kind": "finish"}, 4)):
             r = c.propose_map_change(_change({"kind": "advance_move", "expect_epoch": epoch, "first": FIRST,
                                               "last": LAST, "started_epoch": 2, "target": target,
                                               "event": event}))
             assert r.applied, r.refused
     cluster.nodes[lead].start()
     cluster.nodes[lead].wait_ready()
-    maps = wait_until(lambda: _all_at(cluster, 4), 30, "epoch 4 everywhere, the killed node included")
+    maps = wait_until(lambda: _all_at(cluster, 5), 30, "epoch 5 everywhere, the killed node included")
     assert all("migrations" not in m and any(a <= FIRST <= b and g == owner for a, b, g in m["slots"])
                for _, m in maps.values())
     rc = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[1].resp_port)
