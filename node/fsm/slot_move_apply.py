@@ -161,8 +161,8 @@ def _staging_for(sm, m, phase):
 
 def _prestage(sm, m, phase, argv, index, now):
     """One pre-copy chunk (exported while A still serves) into the staging's base: records by
-    key, in any order, replacing older copies. Best effort by design: a record torn between
-    pieces (A changed it meanwhile) is dropped, since the sealed copy sends every key again
+    key, in any order, replacing older copies, each checked by its loader. Best effort by
+    design: a record torn between pieces (A changed it meanwhile) is dropped, since the sealed copy sends every key again
     (in full, or as a DELTA checked against this base). Refused once the sealed copy began."""
     before, after, chunk = (bytes(a) for a in argv[4:7])
     if len(before) != CURSOR.size or len(after) != CURSOR.size or not before < after:
@@ -183,20 +183,16 @@ def _prestage(sm, m, phase, argv, index, now):
         if len(st.pre_partial) + len(chunk) != piece:
             return MoveRefused(m, "bad pre-copy chunk for move %s: a piece that does not end at its cursor" % m)
     else:
-        whole, pos = st.pre_partial + chunk, 0
-        torn = bool(st.pre_partial)
+        # Checked as STAGE checks records (which also warms the engine's cache of checked
+        # stream nodes, so the sealed copy and ACTIVATE meet these nodes again for free).
         try:
-            while pos < len(whole):
-                size = _record_size(whole, pos)
-                _, key, _ = split_record(whole[pos:pos + size])
-                if not m.first <= key_position(key)[0] <= m.last:
-                    return MoveRefused(m, "bad pre-copy chunk for move %s: a key outside its slots" % m)
-                recs.append((key, whole[pos:pos + size]))
-                pos += size
-        except DeltaMismatch as e:
-            if not torn:
+            recs = [(key, raw) for key, _, raw in load_records(st.pre_partial + chunk)]
+        except CorruptDump as e:
+            if not st.pre_partial:
                 return MoveRefused(m, "bad pre-copy chunk for move %s: %s" % (m, e))
             recs = []                                # a record A changed between its pieces
+        if any(not m.first <= key_position(key)[0] <= m.last for key, _ in recs):
+            return MoveRefused(m, "bad pre-copy chunk for move %s: a key outside its slots" % m)
     if phase is None:
         sm.moves.begin(m, Phase.STAGING)
         sm.moves.staging[m] = st
