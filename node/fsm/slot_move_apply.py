@@ -136,8 +136,9 @@ def _stage(sm, m, phase, argv, index, now):
         sm.moves.begin(m, Phase.STAGING)
         sm.moves.staging[m] = st
     st.partial = st.partial + chunk if partial else b""
-    for key, _, raw in recs:
+    for key, value, raw in recs:
         st.records[key] = raw
+        st.loaded[key] = value
     if sessions:
         st.sessions = sessions
     st.cursor = after
@@ -288,8 +289,10 @@ def _activate(sm, m, phase, argv, index, now):
     for s in range(m.first, m.last + 1):             # leftovers of an earlier move away, not yet purged
         for key in list(ks.slot_keys.get(s, ())):
             ks.delete(key)
-    for raw in st.records.values():
-        (key, value, _), = load_records(raw)
+    for key, raw in st.records.items():
+        value = st.loaded.pop(key, None)
+        if value is None:                            # staged before a restart: decode again
+            (key, value, _), = load_records(raw)
         ks.set(key, value)
         sm.versions.touch(key, index)
     if st.sessions:

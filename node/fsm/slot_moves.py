@@ -150,6 +150,9 @@ class Staging:
     base: dict = field(default_factory=dict)
     pre_cursor: bytes = b""                        # where the next pre-copy chunk starts ("": none yet)
     pre_partial: bytes = b""                       # pieces so far of a pre-copied record larger than a chunk
+    # key -> the value STAGE decoded from records[key] (checking it), so ACTIVATE need not
+    # decode it again: the same value either way. Not in the snapshot (restored: decoded again).
+    loaded: dict = field(default_factory=dict, compare=False, repr=False)
 
     def digest(self) -> bytes:
         return digest_of(self.records.values())
