@@ -6,7 +6,7 @@ MoveId(first, last, E). Its records (entry.Kind.SLOT_MOVE, one argv
 state alone:
 
     at A:  SEAL -> (UNSEAL | RELEASE -> PURGE ... )
-    at B:  STAGE ... -> (DROP_STAGING | ACTIVATE)
+    at B:  [PRESTAGE ... (the pre-copy, A unsealed)] STAGE ... -> (DROP_STAGING | ACTIVATE)
 
     SlotMoves
     +-- epochs   [SLOT_COUNT] int   the highest started_epoch of a move record applied for
@@ -14,7 +14,9 @@ state alone:
     +-- moves    OrderedDict MoveId -> Phase, in the order they began here; finished ones
     |                               (tombstones) are kept, at most MAX_TOMBSTONES
     +-- staging  dict MoveId -> Staging  (B, phase STAGING): records as they came, cursor,
-    |                               A's time floor, A's session table (last chunk)
+    |                               A's time floor, A's session table (last chunk); the
+    |                               pre-copy's base records and cursor (DELTA records of the
+    |                               sealed copy are rebuilt from the base)
     +-- sealed   bytearray[SLOT_COUNT]   derived: 1 where a SEALED move holds the slot
 
 Idempotence: a record whose effect is in the state already changes nothing and answers as
