@@ -17,8 +17,9 @@
 --json prints {"first", "last", "from_group", "to_group", "result": "moved" | "aborted" |
 "timeout", "reason", "owner", "epoch", "move_s", "write_wait_ms", "phases": [{"phase",
 "epoch", "at_s"}]}. write_wait_ms is how long writes to those slots could not be served, as
-the CLI saw it in the map: from the epoch that froze them (BeginMove) to the first map where
-the target had activated them (RELEASED, or the move gone); within the poll interval.
+the CLI saw it in the map: from the epoch that froze them (SEALING: after the pre-copy of
+PRECOPYING, during which the source serves) to the first map where the target had activated
+them (RELEASED, or the move gone); within the poll interval.
 
 This module talks to nodes only through the SDK; it writes the change's documented JSON
 (docs/sharding.md) itself (ops/ never imports node/).
@@ -40,7 +41,8 @@ from .members_cli import _transient
 
 POLL_S = 0.05
 BEGIN_ATTEMPTS = 5
-PHASES = ("sealing", "copying", "verified", "decided", "released")
+PHASES = ("precopying", "sealing", "copying", "verified", "decided", "released")
+FROZEN_PHASES = ("sealing", "copying", "verified")     # routing parks the slots' requests
 
 
 def parse_slots(text: str) -> tuple:
@@ -118,7 +120,7 @@ def watch(client, conn: Connection, first: int, last: int, to_group: int, wait_s
                 if phase in PHASES:
                     bar.update(PHASES.index(phase) + 1 - bar.pos)
                     bar.label = f"slots {first}-{last} -> group {to_group}: {phase}"
-            if mig is not None and frozen_at is None and phase in PHASES[:3]:
+            if mig is not None and frozen_at is None and phase in FROZEN_PHASES:
                 frozen_at = now
             if live_at is None and (phase in ("released", "finished") or phase == "aborted"):
                 live_at = now

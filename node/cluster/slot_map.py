@@ -23,7 +23,7 @@ a stale routing table from a fresh one.
                state UP | DRAINING | REMOVED
 
     Migration  first..last (the slots moving), source and target group, phase
-               (SEALING COPYING VERIFIED DECIDED RELEASED ABORTED), cursor and
+               (PRECOPYING SEALING COPYING VERIFIED DECIDED RELEASED ABORTED), cursor and
                replicated (copy progress), digest (the verified manifest), reason
                (why it was aborted), started_epoch (the map epoch that began it:
                with the range, the move's identity)
@@ -91,6 +91,7 @@ class GroupSpec:
 
 class MovePhase(enum.Enum):
     """Where a slot move stands; the transitions are in slot_move.py."""
+    PRECOPYING = "precopying"  # the source serves; the target pre-copies its keys (not frozen)
     SEALING = "sealing"      # the source is asked to stop reads and writes to the slots
     COPYING = "copying"      # the source is sealed; the target pulls chunks into staging
     VERIFIED = "verified"    # the target checked its staging against the manifest digest
@@ -101,7 +102,9 @@ class MovePhase(enum.Enum):
 
 # Phases in which the source still owns the slots (the target owns them in the others,
 # except ABORTED, where the source owns them again for good).
-BEFORE_DECISION = frozenset({MovePhase.SEALING, MovePhase.COPYING, MovePhase.VERIFIED})
+BEFORE_DECISION = frozenset({MovePhase.PRECOPYING, MovePhase.SEALING, MovePhase.COPYING, MovePhase.VERIFIED})
+# Phases in which routing parks requests for the slots (the source is, or is being, sealed).
+FROZEN = frozenset({MovePhase.SEALING, MovePhase.COPYING, MovePhase.VERIFIED})
 AFTER_DECISION = frozenset({MovePhase.DECIDED, MovePhase.RELEASED})
 
 
@@ -142,8 +145,8 @@ class Migration:
             return "started_epoch must be >= 1 and replicated >= 0"
         if not isinstance(self.cursor, bytes) or len(self.cursor) > MAX_CURSOR_BYTES:
             return "cursor must be bytes of at most %d" % MAX_CURSOR_BYTES
-        if self.phase is MovePhase.SEALING and (self.cursor or self.replicated):
-            return "a sealing move has copied nothing"
+        if self.phase in (MovePhase.PRECOPYING, MovePhase.SEALING) and (self.cursor or self.replicated):
+            return "a %s move has copied nothing" % self.phase.value
         verified = self.phase in (MovePhase.VERIFIED, MovePhase.DECIDED, MovePhase.RELEASED)
         # An abort keeps what it knew: a digest if it came from VERIFIED, none before.
         lengths = (DIGEST_BYTES,) if verified else (0, DIGEST_BYTES) if self.phase is MovePhase.ABORTED else (0,)

@@ -2,18 +2,22 @@
 
 A move of slots first..last from group A (source) to group B (target):
 
-    begin_move ──> SEALING ──Sealed──> COPYING ──Copied(cursor, n)──┐
-                     │                  │  ^                        │
-                     │                  │  └────────────────────────┘
-                     │                  └──Verified(digest)──> VERIFIED ──Decide──> DECIDED
-                     │                  │                        │                    │
-                     └──Abort──> ABORTED <──Abort──────Abort─────┘                Released
-                                   │                                                  v
-                                 Finish ──> (removed from the map)  <──Finish── RELEASED
+    begin_move ──> PRECOPYING ──Precopied──> SEALING ──Sealed──> COPYING ──Copied(cursor, n)──┐
+                     │                         │                  │  ^                        │
+                     │                         │                  │  └────────────────────────┘
+                     │                         │                  └──Verified(digest)──> VERIFIED ──Decide──> DECIDED
+                     │                         │                  │                        │                    │
+                     └──Abort──> ABORTED <─────┴──Abort───────────┴──Abort──────Abort──────┘                Released
+                                   │                                                                            v
+                                 Finish ──> (removed from the map)  <──Finish──────────────────────────── RELEASED
 
 Events are facts the driver (CLI or reconciler) observed and proposes through the metadata
 group, each inside a compare-and-set change (changes.AdvanceMove):
 
+    Precopied   B pre-copied A's keys of the slots while A still served them (best effort:
+                the sealed copy sends every key again, big streams as deltas against it;
+                docs/slot-move-steps.md "Pre-copy"). A driver that does no pre-copy
+                proposes it at once
     Sealed      A applied the seal: no read or write of the slots runs at A any more
     Copied      B replicated the chunks up to `cursor` into staging; `replicated` counts them
                 and only grows (a re-delivered older chunk report is a duplicate)
@@ -30,8 +34,9 @@ advance() takes the transitions drawn above and raises MoveError for everything 
 including a duplicate; MoveError.already_applied says whether the event's effect is
 already in the migration (a re-delivery), so a resuming driver can tell done from conflict.
 
-Routing (`who_serves`): before the decision the slots are frozen (A parks them, then
--TRYAGAIN); from DECIDED on B serves; after an abort A serves again. So one group, or none
+Routing (`who_serves`): while PRECOPYING A serves as usual; from SEALING to the decision
+the slots are frozen (A parks them, then -TRYAGAIN); from DECIDED on B serves; after an
+abort A serves again. So one group, or none
 while frozen, serves each slot at every map epoch, and the owner flips once, at DECIDED.
 Each data group also enforces this at apply time (a record proposed before a change can
 commit after it); that part lives in the data groups, not here.
@@ -43,7 +48,7 @@ from typing import Optional
 
 from ..engine.slots import SLOT_COUNT
 from ..invariant import invariant
-from .slot_map import (AFTER_DECISION, BEFORE_DECISION, DIGEST_BYTES, MAX_CURSOR_BYTES, MAX_MIGRATIONS,
+from .slot_map import (AFTER_DECISION, BEFORE_DECISION, DIGEST_BYTES, FROZEN, MAX_CURSOR_BYTES, MAX_MIGRATIONS,
                        MAX_REASON_CHARS, Migration, MovePhase, SlotMap, SlotMapError, _hex, _int, _str)
 
 
@@ -59,6 +64,11 @@ class MoveError(SlotMapError):
 
 
 # -- events ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Precopied:
+    kind = "precopied"
+
+
 @dataclass(frozen=True)
 class Sealed:
     kind = "sealed"
@@ -98,12 +108,12 @@ class Abort:
     kind = "abort"
 
 
-EVENT_TYPES = (Sealed, Copied, Verified, Decide, Released, Finish, Abort)
+EVENT_TYPES = (Precopied, Sealed, Copied, Verified, Decide, Released, Finish, Abort)
 _EVENT_BY_KIND = {t.kind: t for t in EVENT_TYPES}
 # The phase each event leads to (Finish leads out of the map: None).
-_PHASE_AFTER = {Sealed: MovePhase.COPYING, Copied: MovePhase.COPYING, Verified: MovePhase.VERIFIED,
+_PHASE_AFTER = {Precopied: MovePhase.SEALING, Sealed: MovePhase.COPYING, Copied: MovePhase.COPYING, Verified: MovePhase.VERIFIED,
                 Decide: MovePhase.DECIDED, Released: MovePhase.RELEASED, Abort: MovePhase.ABORTED}
-_MAIN_LINE = (MovePhase.SEALING, MovePhase.COPYING, MovePhase.VERIFIED, MovePhase.DECIDED, MovePhase.RELEASED)
+_MAIN_LINE = (MovePhase.PRECOPYING, MovePhase.SEALING, MovePhase.COPYING, MovePhase.VERIFIED, MovePhase.DECIDED, MovePhase.RELEASED)
 
 
 def check_event(event) -> None:
@@ -156,7 +166,7 @@ def event_from_json_obj(obj) -> object:
 
 # -- the state machine ----------------------------------------------------------------------
 def begin_move(slot_map: SlotMap, first: int, last: int, target: int) -> Migration:
-    """The SEALING migration that moves first..last to group `target`, started in the map
+    """The PRECOPYING migration that moves first..last to group `target`, started in the map
     that follows `slot_map`. SlotMapError if the slots are not all owned by one other
     group, if any is already moving, or if there are too many moves."""
     if not (type(first) is int and type(last) is int and 0 <= first <= last < SLOT_COUNT):
@@ -174,7 +184,7 @@ def begin_move(slot_map: SlotMap, first: int, last: int, target: int) -> Migrati
             raise SlotMapError("slots %d-%d overlap the move of %d-%d" % (first, last, m.first, m.last))
     if len(slot_map.migrations) >= MAX_MIGRATIONS:
         raise SlotMapError("already %d moves in progress" % MAX_MIGRATIONS)
-    return Migration(first, last, source, target, MovePhase.SEALING, started_epoch=slot_map.epoch + 1)
+    return Migration(first, last, source, target, MovePhase.PRECOPYING, started_epoch=slot_map.epoch + 1)
 
 
 def event_reached(m: Migration, event) -> bool:
@@ -198,7 +208,9 @@ def advance(m: Migration, event) -> Optional[Migration]:
     check_event(event)
     phase = m.phase
     nxt: Optional[Migration] = None
-    if isinstance(event, Sealed) and phase is MovePhase.SEALING:
+    if isinstance(event, Precopied) and phase is MovePhase.PRECOPYING:
+        nxt = replace(m, phase=MovePhase.SEALING)
+    elif isinstance(event, Sealed) and phase is MovePhase.SEALING:
         nxt = replace(m, phase=MovePhase.COPYING)
     elif isinstance(event, Copied) and phase is MovePhase.COPYING and event.replicated > m.replicated:
         nxt = replace(m, cursor=event.cursor, replicated=event.replicated)
@@ -247,6 +259,8 @@ def who_serves(slot_map: SlotMap, slot: int) -> tuple:
     m = slot_map.migration_of(slot)
     if m is None:
         return slot_map.owner(slot), False
-    if m.phase in BEFORE_DECISION:
+    if m.phase in FROZEN:
         return m.source, True
+    if m.phase in BEFORE_DECISION:
+        return m.source, False
     return m.owner, False

@@ -64,6 +64,7 @@ them (stream_codec.py does).
 """
 import struct
 import zlib
+from collections import OrderedDict
 from bisect import bisect_left
 
 from ..invariant import invariant
@@ -640,8 +641,37 @@ def _node_last_id(lp, mms: int, mseq: int):
 
 # ---------------------------------------------------------------------- loading
 
+# Nodes this process has already validated: (master key, listpack bytes) -> live count.
+# _check_node is a pure function of those bytes, so a hit answers exactly what the check
+# would (replicas stay deterministic; only the time differs). It is what makes a slot
+# move's sealed phase short: the target validates a big stream's nodes when the pre-copy
+# arrives, and the rebuilt record (STAGE) and the activation meet them again here.
+# Bounded by the bytes it holds; least recently used first out.
+NODE_CACHE_BYTES = 64 << 20
+_checked_nodes: "OrderedDict[tuple, int]" = OrderedDict()
+_checked_bytes = 0
+
+
+def _check_node_cached(key: bytes, lp: bytes) -> int:
+    global _checked_bytes
+    ck = (key, lp)
+    count = _checked_nodes.get(ck)
+    if count is not None:
+        _checked_nodes.move_to_end(ck)
+        return count
+    count = _check_node(key, lp)
+    size = len(key) + len(lp)
+    if size <= NODE_CACHE_BYTES // 64:
+        _checked_nodes[ck] = count
+        _checked_bytes += size
+        while _checked_bytes > NODE_CACHE_BYTES:
+            (k, old), _ = _checked_nodes.popitem(last=False)
+            _checked_bytes -= len(k) + len(old)
+    return count
+
+
 def _check_node(key: bytes, lp: bytes):
-    """Validate one node's listpack and stream layout; returns (count, deleted)."""
+    """Validate one node's listpack and stream layout; returns its live count."""
     try:
         lp_validate(lp, deep=True, max_bytes=_LP_MAX_BYTES)
     except CorruptListpack as exc:
@@ -720,7 +750,7 @@ def _load(buf) -> Stream:
             raise CorruptStream("stream node keys not strictly increasing")
         lp = body[pos:pos + lp_size]
         pos += lp_size
-        total += _check_node(key, lp)
+        total += _check_node_cached(key, lp)
         invariant(s.rax.insert(key, lp), "duplicate key after the order check")
         prev_key = key
     if pos != len(body):

@@ -5,6 +5,7 @@ integer, or MoveRefused (nothing changed). Deterministic: reads only the fsm sta
 from __future__ import annotations
 
 from ..engine.dump import CorruptDump, load_records
+from ..engine.stream_delta import DELTA_TAG, DeltaMismatch, apply_delta, split_record
 from ..engine.replies import OK
 from ..engine.slots import SLOT_COUNT
 from .sessions import CorruptSessions, Sessions
@@ -12,8 +13,8 @@ from .slot_moves import (CURSOR, DIGEST_BYTES, END, KEYS_DONE, MAX_EPOCH, MAX_PA
                          MoveRefused,
                          Phase, Staging, PHASE_WORDS, key_position, decode_cursor, encode_cursor, with_slots)
 
-OPS = (b"SEAL", b"UNSEAL", b"STAGE", b"DROP_STAGING", b"ACTIVATE", b"RELEASE", b"PURGE")
-_ARGC = {b"STAGE": 9, b"ACTIVATE": 5}           # every other op: 4 (op first last epoch)
+OPS = (b"SEAL", b"UNSEAL", b"STAGE", b"DROP_STAGING", b"ACTIVATE", b"RELEASE", b"PURGE", b"PRESTAGE")
+_ARGC = {b"STAGE": 9, b"ACTIVATE": 5, b"PRESTAGE": 7}   # every other op: 4 (op first last epoch)
 MAX_NOW = (1 << 63) - 1
 
 
@@ -114,15 +115,9 @@ def _stage(sm, m, phase, argv, index, now):
     floor = _int(floor, MAX_NOW)
     if len(before) != CURSOR.size or len(after) != CURSOR.size or floor is None or not before < after:
         return MoveRefused(m, "bad STAGE record for move %s (cursors or time)" % m)
-    if phase is None:
-        for s in range(m.first, m.last + 1):
-            if sm.owned.owns(s):
-                return MoveRefused(m, "group owns slot %d" % s)
-        st = Staging(encode_cursor(m.first, 0))
-    elif phase is Phase.STAGING:
-        st = sm.moves.staging[m]
-    else:
-        return _wrong(m, phase)
+    st = _staging_for(sm, m, phase)
+    if isinstance(st, MoveRefused):
+        return st
     if after <= st.cursor:
         return len(st.records)                       # this chunk is staged already
     if before != st.cursor:
@@ -141,8 +136,9 @@ def _stage(sm, m, phase, argv, index, now):
         sm.moves.begin(m, Phase.STAGING)
         sm.moves.staging[m] = st
     st.partial = st.partial + chunk if partial else b""
-    for key, _, raw in recs:
+    for key, value, raw in recs:
         st.records[key] = raw
+        st.loaded[key] = value
     if sessions:
         st.sessions = sessions
     st.cursor = after
@@ -152,10 +148,98 @@ def _stage(sm, m, phase, argv, index, now):
     return len(st.records)
 
 
+def _staging_for(sm, m, phase):
+    """The move's staging at B (a new one if the move is new here), or a refusal."""
+    if phase is Phase.STAGING:
+        return sm.moves.staging[m]
+    if phase is not None:
+        return _wrong(m, phase)
+    for s in range(m.first, m.last + 1):
+        if sm.owned.owns(s):
+            return MoveRefused(m, "group owns slot %d" % s)
+    return Staging(encode_cursor(m.first, 0))
+
+
+def _prestage(sm, m, phase, argv, index, now):
+    """One pre-copy chunk (exported while A still serves) into the staging's base: records by
+    key, in any order, replacing older copies, each checked by its loader. Best effort by
+    design: a record torn between pieces (A changed it meanwhile) is dropped, since the sealed copy sends every key again
+    (in full, or as a DELTA checked against this base). Refused once the sealed copy began."""
+    before, after, chunk = (bytes(a) for a in argv[4:7])
+    if len(before) != CURSOR.size or len(after) != CURSOR.size or not before < after:
+        return MoveRefused(m, "bad PRESTAGE record for move %s (cursors)" % m)
+    st = _staging_for(sm, m, phase)
+    if isinstance(st, MoveRefused):
+        return st
+    if st.cursor != encode_cursor(m.first, 0) or st.partial:
+        return MoveRefused(m, "staging of move %s is past its pre-copy" % m)
+    at = st.pre_cursor or encode_cursor(m.first, 0)
+    if after <= at:
+        return len(st.base)                          # this chunk is pre-copied already
+    if before != at:
+        return MoveRefused(m, "pre-copy of move %s is at cursor %s, chunk starts at %s" % (m, at.hex(), before.hex()))
+    piece = decode_cursor(after)[2] if after not in (END, KEYS_DONE) else 0
+    recs = []
+    if piece:
+        if len(st.pre_partial) + len(chunk) != piece:
+            return MoveRefused(m, "bad pre-copy chunk for move %s: a piece that does not end at its cursor" % m)
+    else:
+        # Checked as STAGE checks records (which also warms the engine's cache of checked
+        # stream nodes, so the sealed copy and ACTIVATE meet these nodes again for free).
+        try:
+            recs = [(key, raw) for key, _, raw in load_records(st.pre_partial + chunk)]
+        except CorruptDump as e:
+            if not st.pre_partial:
+                return MoveRefused(m, "bad pre-copy chunk for move %s: %s" % (m, e))
+            recs = []                                # a record A changed between its pieces
+        if any(not m.first <= key_position(key)[0] <= m.last for key, _ in recs):
+            return MoveRefused(m, "bad pre-copy chunk for move %s: a key outside its slots" % m)
+    if phase is None:
+        sm.moves.begin(m, Phase.STAGING)
+        sm.moves.staging[m] = st
+    st.pre_partial = st.pre_partial + chunk if piece else b""
+    for key, raw in recs:
+        st.base[key] = raw
+    st.pre_cursor = after
+    return len(st.base)
+
+
+def _record_size(buf: bytes, pos: int) -> int:
+    """Bytes of the framed record starting at buf[pos] (dump.py's framing)."""
+    if len(buf) - pos < 13:
+        raise DeltaMismatch("a record runs past the chunk")
+    key_len = int.from_bytes(buf[pos + 1:pos + 5], "big")
+    at = pos + 5 + key_len
+    if at + 4 > len(buf):
+        raise DeltaMismatch("a record runs past the chunk")
+    size = 5 + key_len + 4 + int.from_bytes(buf[at:at + 4], "big") + 4
+    if pos + size > len(buf):
+        raise DeltaMismatch("a record runs past the chunk")
+    return size
+
+
+def _resolve_deltas(st, chunk: bytes) -> bytes:
+    """The chunk with each DELTA record rebuilt into the full record, from the pre-copy."""
+    if not st.base:
+        return chunk
+    out, pos = [], 0
+    while pos < len(chunk):
+        size = _record_size(chunk, pos)
+        raw = chunk[pos:pos + size]
+        if raw[0] == DELTA_TAG:
+            key = split_record(raw)[1]
+            raw = apply_delta(raw, st.base.get(key))[1]
+        out.append(raw)
+        pos += size
+    return b"".join(out)
+
+
 def _check_chunk(m, st, before, after, chunk, sessions, now):
     """The chunk's [(key, value, record)], or what is wrong with it (a str)."""
     try:
-        recs = load_records(chunk)
+        recs = load_records(_resolve_deltas(st, chunk))
+    except DeltaMismatch as e:
+        return "delta does not fit the pre-copy: %s" % e
     except CorruptDump as e:
         return str(e)
     last = next(reversed(st.records)) if st.records else None
@@ -181,7 +265,7 @@ def _check_chunk(m, st, before, after, chunk, sessions, now):
 
 def _drop(sm, m, phase, argv, index, now):
     if phase not in (None, Phase.STAGING, Phase.DROPPED):
-        return _wrong(m, phase)
+        return _wrong(m, phase)  # (DROP_STAGING drops the pre-copy's base with the staging)
     if phase is not Phase.DROPPED and _abort_here(sm, m, phase, Phase.DROPPED):
         del sm.moves.staging[m]
     return OK
@@ -205,8 +289,10 @@ def _activate(sm, m, phase, argv, index, now):
     for s in range(m.first, m.last + 1):             # leftovers of an earlier move away, not yet purged
         for key in list(ks.slot_keys.get(s, ())):
             ks.delete(key)
-    for raw in st.records.values():
-        (key, value, _), = load_records(raw)
+    for key, raw in st.records.items():
+        value = st.loaded.pop(key, None)
+        if value is None:                            # staged before a restart: decode again
+            (key, value, _), = load_records(raw)
         ks.set(key, value)
         sm.versions.touch(key, index)
     if st.sessions:
@@ -262,4 +348,4 @@ def _purge(sm, m, phase, argv, index, now):
 
 
 _OPS = {b"SEAL": _seal, b"UNSEAL": _unseal, b"STAGE": _stage, b"DROP_STAGING": _drop,
-        b"ACTIVATE": _activate, b"RELEASE": _release, b"PURGE": _purge}
+        b"ACTIVATE": _activate, b"RELEASE": _release, b"PURGE": _purge, b"PRESTAGE": _prestage}

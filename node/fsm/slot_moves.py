@@ -6,7 +6,7 @@ MoveId(first, last, E). Its records (entry.Kind.SLOT_MOVE, one argv
 state alone:
 
     at A:  SEAL -> (UNSEAL | RELEASE -> PURGE ... )
-    at B:  STAGE ... -> (DROP_STAGING | ACTIVATE)
+    at B:  [PRESTAGE ... (the pre-copy, A unsealed)] STAGE ... -> (DROP_STAGING | ACTIVATE)
 
     SlotMoves
     +-- epochs   [SLOT_COUNT] int   the highest started_epoch of a move record applied for
@@ -14,7 +14,9 @@ state alone:
     +-- moves    OrderedDict MoveId -> Phase, in the order they began here; finished ones
     |                               (tombstones) are kept, at most MAX_TOMBSTONES
     +-- staging  dict MoveId -> Staging  (B, phase STAGING): records as they came, cursor,
-    |                               A's time floor, A's session table (last chunk)
+    |                               A's time floor, A's session table (last chunk); the
+    |                               pre-copy's base records and cursor (DELTA records of the
+    |                               sealed copy are rebuilt from the base)
     +-- sealed   bytearray[SLOT_COUNT]   derived: 1 where a SEALED move holds the slot
 
 Idempotence: a record whose effect is in the state already changes nothing and answers as
@@ -25,8 +27,12 @@ Encoding (in the fsm snapshot, state_machine.py version >= 5; empty bytes = no m
 
     | ver u8 = 1 | nruns u32 | nruns x (first u16 | last u16 | epoch u64)     per-slot epochs, runs
     | nmoves u32 | nmoves x (first u16 | last u16 | epoch u64 | phase u8)      in begin order
-    | nstag u32  | nstag x (first u16 | last u16 | epoch u64 | cursor 6s | floor_ms u64 |
-    |              nrec u32 | nrec x (len u32 | record) | sess_len u32 | sessions)
+    | nstag u32  | nstag x (first u16 | last u16 | epoch u64 | cursor 10s | floor_ms u64 |
+    |              nrec u32 | nrec x (len u32 | record) | partial_len u32 | partial |
+    |              sess_len u32 | sessions
+    |              ver 2 only: | pre_len u32 | pre_cursor | ppart_len u32 | pre_partial |
+    |                          nbase u32 | nbase x (len u32 | record))
+    Version 2 (pre-copy) is written; version 1 (no pre-copy fields) still loads.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ from typing import Optional
 from ..engine.dump import CorruptDump, load_records
 from ..engine.errors import EngineError
 from ..engine.slots import SLOT_COUNT, key_slot
+from ..engine.stream_delta import DeltaMismatch, split_record
 from .sessions import CorruptSessions, Sessions
 from .slot_owner import BITMAP_BYTES, OwnedSlots, request_keys
 
@@ -140,6 +147,14 @@ class Staging:
     partial: bytes = b""                           # the pieces so far of a record larger than a chunk
     floor_ms: int = 0                              # A's applied time at export (largest seen)
     sessions: bytes = b""                          # A's encoded session table (from the last chunk)
+    # The pre-copy (PRESTAGE, A still serving): key -> full record as A had it then, in any
+    # order; only a source of bytes for the DELTA records of the sealed copy (never made live).
+    base: dict = field(default_factory=dict)
+    pre_cursor: bytes = b""                        # where the next pre-copy chunk starts ("": none yet)
+    pre_partial: bytes = b""                       # pieces so far of a pre-copied record larger than a chunk
+    # key -> the value STAGE decoded from records[key] (checking it), so ACTIVATE need not
+    # decode it again: the same value either way. Not in the snapshot (restored: decoded again).
+    loaded: dict = field(default_factory=dict, compare=False, repr=False)
 
     def digest(self) -> bytes:
         return digest_of(self.records.values())
@@ -229,7 +244,7 @@ class SlotMoves:
             if e:
                 runs.append((s, t, e))
             s = t + 1
-        out = [b"\x01", _U32.pack(len(runs))]
+        out = [b"\x02", _U32.pack(len(runs))]
         out += [_ID.pack(*r) for r in runs]
         out.append(_U32.pack(len(self.moves)))
         for m, ph in self.moves.items():
@@ -241,6 +256,10 @@ class SlotMoves:
             for raw in st.records.values():
                 out += [_U32.pack(len(raw)), raw]
             out += [_U32.pack(len(st.partial)), st.partial, _U32.pack(len(st.sessions)), st.sessions]
+            out += [_U32.pack(len(st.pre_cursor)), st.pre_cursor, _U32.pack(len(st.pre_partial)), st.pre_partial,
+                    _U32.pack(len(st.base))]
+            for raw in st.base.values():
+                out += [_U32.pack(len(raw)), raw]
         return b"".join(out)
 
     @classmethod
@@ -250,7 +269,8 @@ class SlotMoves:
         if not raw:
             return out
         r = _Reader(raw)
-        if r.take(1) != b"\x01":
+        version = r.take(1)[0]
+        if version not in (1, 2):
             raise CorruptMoves("unknown slot-moves version")
         prev = -1
         for _ in range(r.count(_ID.size)):
@@ -292,6 +312,8 @@ class SlotMoves:
                     Sessions.decode(st.sessions, now_ms)
                 except CorruptSessions as e:
                     raise CorruptMoves("staged sessions of move %s: %s" % (m, e)) from None
+            if version >= 2:
+                _decode_precopy(r, m, st)
             out.staging[m] = st
         if r.pos != len(raw):
             raise CorruptMoves("%d trailing bytes" % (len(raw) - r.pos))
@@ -299,6 +321,22 @@ class SlotMoves:
             raise CorruptMoves("a staging move without its staging")
         out.reseal()
         return out
+
+
+def _decode_precopy(r: "_Reader", m: MoveId, st: Staging) -> None:
+    st.pre_cursor = r.take(r.unpack(_U32)[0])
+    if st.pre_cursor and len(st.pre_cursor) != CURSOR.size:
+        raise CorruptMoves("staging of move %s: a pre-copy cursor of %d bytes" % (m, len(st.pre_cursor)))
+    st.pre_partial = r.take(r.unpack(_U32)[0])
+    for _ in range(r.count(4)):
+        rec = r.take(r.unpack(_U32)[0])
+        try:
+            _, key, _ = split_record(rec)
+        except DeltaMismatch as e:
+            raise CorruptMoves("pre-copy of move %s: %s" % (m, e)) from None
+        if key in st.base:
+            raise CorruptMoves("pre-copy of move %s repeats a key" % m)
+        st.base[key] = rec
 
 
 def _move_id(first: int, last: int, epoch: int) -> MoveId:

@@ -6,6 +6,8 @@ goes on. For each migration, one step per round:
 
     phase      data-group work (MoveSteps, idempotent;        then propose (AdvanceMove)
                docs/slot-move-steps.md)
+    PRECOPYING pre-copy A -> B while A serves (resumes from   Precopied
+               B's pre-copy cursor; best effort)
     SEALING    seal at A                                      Sealed
     COPYING    the map's cursor is not END: copy A -> B       Copied(END, replicated + chunks)
                (resumes from B's replicated cursor)
@@ -15,6 +17,12 @@ goes on. For each migration, one step per round:
                release at A
     RELEASED   activate at B again (B live: idempotent)       Finish
     ABORTED    abort: UNSEAL at A, DROP_STAGING at B          Finish
+
+The pre-copy is why writes wait only for the delta: the sealed copy sends every key again,
+but a big stream as a DELTA record against B's pre-copy (the nodes after B's last one, plus
+its groups), checked at B by a prefix digest and at the end by the manifest digest as before.
+A pre-copy step the fsm refuses (A's keys changed under a piece, ...) is not fatal: Precopied
+is proposed anyway, and the sealed copy sends in full whatever the pre-copy missed.
 
 The map records the copy once, when it is complete (B's own replicated cursor is what a
 resumed copy starts from, so per-chunk map writes would only cost metadata entries).
@@ -54,7 +62,7 @@ import grpc
 from ..cluster.changes import AdvanceMove, StaleEpoch, already_applied
 from ..cluster.meta_machine import MetaApplied, MetaRefused
 from ..cluster.slot_map import BEFORE_DECISION, MAX_REASON_CHARS, Migration, MovePhase, SlotMap
-from ..cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Released, Sealed, Verified
+from ..cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Precopied, Released, Sealed, Verified
 from ..fsm.slot_moves import END
 from .slot_move_steps import MoveStepRefused
 
@@ -78,6 +86,7 @@ class MoveSteps(Protocol):
     method is idempotent; raising means "not done, try again"."""
 
     async def seal(self, source_group: int, first: int, last: int, started_epoch: int) -> None: ...
+    # optional: precopy(source_group, target_group, first, last, started_epoch) -> keys pre-copied
     async def copy(self, source_group: int, target_group: int, first: int, last: int, started_epoch: int,
                    cursor: Optional[bytes] = None, progress=None) -> tuple: ...
     async def verify(self, source_group: int, target_group: int, first: int, last: int,
@@ -226,7 +235,10 @@ class MoveReconciler:
         """The data-group work of mig's phase (module doc); the event to propose next."""
         phase = mig.phase
         st, a, b, run = self.steps, mig.source, mig.target, (mig.first, mig.last, mig.started_epoch)
-        if phase == MovePhase.SEALING:
+        if phase == MovePhase.PRECOPYING:
+            await self._precopy(mig)
+            event = Precopied()
+        elif phase == MovePhase.SEALING:
             await st.seal(a, *run)
             event = Sealed()
         elif phase == MovePhase.COPYING and mig.cursor != COPY_END:
@@ -252,6 +264,20 @@ class MoveReconciler:
             await st.abort(a, b, *run)
             event = Finish()
         return event
+
+    async def _precopy(self, mig: Migration) -> None:
+        """The pre-copy before the seal (module doc); a refusal only means less was pre-copied.
+        A MoveSteps without `precopy` (an older one, a test's) pre-copies nothing."""
+        precopy = getattr(self.steps, "precopy", None)
+        if precopy is None:
+            return
+        try:
+            keys = await precopy(mig.source, mig.target, mig.first, mig.last, mig.started_epoch)
+        except MoveStepRefused as exc:
+            log.info("slots %d-%d -> group %d: pre-copy refused (%s): going on to the seal", mig.first, mig.last,
+                     mig.target, exc)
+            return
+        log.info("slots %d-%d -> group %d: pre-copied %d keys", mig.first, mig.last, mig.target, keys)
 
     async def _propose(self, mig: Migration, event) -> bool:
         """Propose one step; True when its effect is in the map."""

@@ -31,7 +31,8 @@ from xraft.proto.v1 import client_pb2_grpc as pb_grpc
 
 from ..engine.errors import EngineError
 from ..fsm.entry import Kind, Request
-from ..fsm.slot_export import export_chunk, live_digest, manifest, staging_status
+from ..fsm.slot_export import (decode_have, export_chunk, live_digest, manifest, precopy_status, staged_have,
+                               staging_status)
 from ..fsm.slot_move_apply import move_argv
 from ..fsm.slot_moves import END, MAX_CHUNK_BYTES, MoveId, MoveRefused, encode_cursor
 from .backend import BackendError, NotLeader
@@ -43,8 +44,10 @@ STEP_TIMEOUT_S = 30.0                     # one step, retries included
 RPC_TIMEOUT_S = 10.0                      # one attempt
 RETRY_S = (0.02, 0.5)                     # backoff bounds between attempts
 DEFAULT_CHUNK_BYTES = 1 << 20
-_WRITES = {"SEAL", "UNSEAL", "STAGE", "DROP_STAGING", "ACTIVATE", "RELEASE", "PURGE"}
-_READS = {"EXPORT", "MANIFEST", "STAGING", "DIGEST"}
+PRECOPY_CHUNK_BYTES = 4 << 20            # bigger pieces tear less often while A serves
+_WRITES = {"SEAL", "UNSEAL", "STAGE", "DROP_STAGING", "ACTIVATE", "RELEASE", "PURGE", "PRESTAGE"}
+_READS = {"EXPORT", "MANIFEST", "STAGING", "DIGEST", "HAVE"}
+_PRECOPY_MISMATCH = "does not fit the pre-copy"     # the fsm's text for a DELTA B cannot apply
 
 
 class MoveStepRefused(Exception):
@@ -104,6 +107,8 @@ class SlotMoveRpcs:
         args = ()
         if op == "STAGE":
             args = (req.cursor, req.next_cursor, b"%d" % req.source_now_ms, req.chunk, req.sessions)
+        elif op == "PRESTAGE":
+            args = (req.cursor, req.next_cursor, req.chunk)
         elif op == "ACTIVATE":
             args = (req.digest,)
         if not (m.first <= m.last < 16384 and m.started_epoch > 0):
@@ -115,17 +120,26 @@ class SlotMoveRpcs:
 
     async def _read(self, b, op: str, m: MoveId, req) -> pb.SlotMoveStepResponse:
         if op == "EXPORT":
+            try:
+                have = decode_have(req.have) if req.have else None
+            except ValueError as exc:
+                return pb.SlotMoveStepResponse(refused="ERR xraft: bad pre-copy list: %s" % exc)
+
             def run(sm):
-                return export_chunk(sm, m, req.cursor, req.max_bytes or DEFAULT_CHUNK_BYTES) + (sm.last_now_ms,)
+                return export_chunk(sm, m, req.cursor, req.max_bytes or DEFAULT_CHUNK_BYTES, live=req.live,
+                                    have=have) + (sm.last_now_ms,)
             chunk, nxt, done, sessions, now = await b.read_state(run)
             return pb.SlotMoveStepResponse(chunk=chunk, next_cursor=nxt, done=done, sessions=sessions,
                                            source_now_ms=now)
         if op in ("MANIFEST", "DIGEST"):
             fn = manifest if op == "MANIFEST" else live_digest
             return pb.SlotMoveStepResponse(digest=await b.read_state(lambda sm: fn(sm, m)))
-        phase, cursor, n, digest = await b.read_state(lambda sm: staging_status(sm, m))
+        if op == "HAVE":
+            return pb.SlotMoveStepResponse(have=await b.read_state(lambda sm: staged_have(sm, m)))
+        phase, cursor, n, digest, pre_cursor, pre_count = await b.read_state(
+            lambda sm: staging_status(sm, m) + precopy_status(sm, m))
         return pb.SlotMoveStepResponse(phase=phase.name if phase is not None else "", cursor=cursor, count=n,
-                                       digest=digest)
+                                       digest=digest, pre_cursor=pre_cursor, pre_count=pre_count)
 
     def _count(self, op: str) -> None:
         n = self._done[op] = self._done.get(op, 0) + 1
@@ -253,8 +267,11 @@ class MoveSteps:
         if phase == "ACTIVE":
             return END, staged
         cursor = at or encode_cursor(first, 0)
+        # B's pre-copied streams: A sends them as DELTA records. If B cannot apply one (A's
+        # stream changed before its last pre-copied node), the rest goes in full.
+        have = (await self._call("HAVE", target_group, m)).have if cursor != END else b""
         while cursor != END:
-            exp = await self._call("EXPORT", source_group, m, cursor=cursor, max_bytes=max_bytes)
+            exp = await self._call("EXPORT", source_group, m, cursor=cursor, max_bytes=max_bytes, have=have)
             if len(exp.next_cursor) != len(END) or exp.next_cursor <= cursor or len(exp.chunk) > max_bytes:
                 raise MoveStepRefused("group %d answered EXPORT with a bad cursor %r" % (source_group,
                                                                                          exp.next_cursor[:16]))
@@ -262,6 +279,10 @@ class MoveSteps:
                 r = await self._call("STAGE", target_group, m, cursor=cursor, next_cursor=exp.next_cursor,
                                      source_now_ms=exp.source_now_ms, chunk=exp.chunk, sessions=exp.sessions)
             except MoveStepRefused as exc:
+                if have and _PRECOPY_MISMATCH in str(exc):
+                    log.info("move %s: %s; copying the rest in full", m, exc)
+                    have = b""
+                    continue
                 if "at cursor" not in str(exc):
                     raise
                 _, cursor, staged, _ = await self.staging(target_group, first, last, started_epoch)
@@ -270,6 +291,31 @@ class MoveSteps:
             if progress is not None:
                 progress(cursor, staged)
         return END, staged
+
+    async def precopy(self, source_group: int, target_group: int, first: int, last: int, started_epoch: int,
+                      progress=None, max_bytes: int = PRECOPY_CHUNK_BYTES) -> int:
+        """Export at A while it still serves -> PRESTAGE at B, until every key was offered
+        once; the keys B pre-copied. Resumes from B's pre-copy cursor; does nothing once B's
+        pre-copy is complete or its sealed copy began. Best effort: the sealed copy (copy)
+        sends every key again, big streams as deltas against what this pass left at B."""
+        m = MoveId(first, last, started_epoch)
+        max_bytes = max(1, min(max_bytes, MAX_CHUNK_BYTES))
+        r = await self._call("STAGING", target_group, m)
+        start = encode_cursor(first, 0)
+        if r.phase not in ("", "STAGING") or (r.cursor and r.cursor != start):
+            return r.pre_count
+        cursor, count = r.pre_cursor or start, r.pre_count
+        while cursor != END:
+            exp = await self._call("EXPORT", source_group, m, cursor=cursor, max_bytes=max_bytes, live=True)
+            if len(exp.next_cursor) != len(END) or exp.next_cursor <= cursor or len(exp.chunk) > max_bytes:
+                raise MoveStepRefused("group %d answered EXPORT with a bad cursor %r" % (source_group,
+                                                                                         exp.next_cursor[:16]))
+            count = (await self._call("PRESTAGE", target_group, m, cursor=cursor, next_cursor=exp.next_cursor,
+                                      chunk=exp.chunk)).count
+            cursor = exp.next_cursor
+            if progress is not None:
+                progress(cursor, count)
+        return count
 
     async def verify(self, source_group: int, target_group: int, first: int, last: int,
                      started_epoch: int) -> bytes:

@@ -2,8 +2,9 @@
 slot map (snapshot every 3 entries, so restarts go through its snapshot and its log).
 
   * every node starts from the founding map (epoch 1) and serves GetSlotMap;
-  * a BeginMove proposed through the SDK (ProposeMapChange, to group 0's leader) reaches
-    every node: GetSlotMap, CLUSTER INFO's epochs and ClusterLayout say epoch 2;
+  * a BeginMove (PRECOPYING) then Precopied (SEALING) proposed through the SDK
+    (ProposeMapChange, to group 0's leader) reach every node: GetSlotMap, CLUSTER INFO's
+    epochs and ClusterLayout say epoch 3;
   * a write to a slot the move froze is parked and answered -TRYAGAIN; other slots write;
   * the same change again is refused as stale with already_applied; a move step the state
     machine does not allow is refused as "move"; bytes that are not a change as "invalid";
@@ -104,22 +105,27 @@ def test_move_map_changes_reach_every_node_and_survive_restarts(meta_cluster):
         assert not r.applied and r.refused_kind == "move" and not r.already_applied
         r = c.propose_map_change(b"not a change")
         assert not r.applied and r.refused_kind == "invalid"
+        # a pre-copying move leaves the slots served; the step to SEALING freezes them
+        precopied = _change({"kind": "advance_move", "expect_epoch": 2, "first": FIRST, "last": LAST,
+                             "started_epoch": 2, "target": target, "event": {"kind": "precopied"}})
+        r = c.propose_map_change(precopied)
+        assert r.applied and r.epoch == 3
 
-    maps = wait_until(lambda: _all_at(cluster, 2), 30, "every node on epoch 2")
+    maps = wait_until(lambda: _all_at(cluster, 3), 30, "every node on epoch 3")
     for _, m in maps.values():
         assert m["migrations"] == [{"cursor": "", "digest": "", "first": FIRST, "last": LAST, "phase": "sealing",
                                     "reason": "", "replicated": 0, "source": owner, "started_epoch": 2,
                                     "target": target}]
     for node in cluster.nodes.values():
-        assert _cluster_epoch(node) == 2
+        assert _cluster_epoch(node) == 3
         nodes = node.client().execute_command("CLUSTER", "NODES")
         nodes = nodes.decode() if isinstance(nodes, bytes) else nodes
         if isinstance(nodes, dict):                  # redis-py parses it: config_epoch per node
-            assert {int(n["config_epoch"]) for n in nodes.values()} == {2}
+            assert {int(n["config_epoch"]) for n in nodes.values()} == {3}
         else:
-            assert {line.split(" ")[6] for line in nodes.splitlines()} == {"2"}
+            assert {line.split(" ")[6] for line in nodes.splitlines()} == {"3"}
     with sync.Client(seeds, timeout=20) as c:
-        assert c.cluster_layout().epoch == 2
+        assert c.cluster_layout().epoch == 3
 
     # a frozen slot: parked, then TRYAGAIN at the node that serves it (the others redirect
     # there); another slot writes as before
@@ -141,7 +147,7 @@ def test_move_map_changes_reach_every_node_and_survive_restarts(meta_cluster):
     # clean restart of every node: the map comes back from group 0 (snapshot + log)
     cluster.stop()
     cluster.start()
-    maps = wait_until(lambda: _all_at(cluster, 2), 30, "epoch 2 after a restart")
+    maps = wait_until(lambda: _all_at(cluster, 3), 30, "epoch 3 after a restart")
     assert all(m["migrations"][0]["phase"] == "sealing" for _, m in maps.values())
 
     # kill -9 group 0's leader, then abort and finish the move through the new one
@@ -151,14 +157,14 @@ def test_move_map_changes_reach_every_node_and_survive_restarts(meta_cluster):
     cluster.nodes[lead].wait_exit()
     alive = [n.grpc for n in cluster.nodes.values() if n.id != lead]
     with sync.Client(alive, timeout=30) as c:
-        for event, epoch in (({"kind": "abort", "reason": "operator"}, 2), ({"kind": "finish"}, 3)):
+        for event, epoch in (({"kind": "abort", "reason": "operator"}, 3), ({"kind": "finish"}, 4)):
             r = c.propose_map_change(_change({"kind": "advance_move", "expect_epoch": epoch, "first": FIRST,
                                               "last": LAST, "started_epoch": 2, "target": target,
                                               "event": event}))
             assert r.applied, r.refused
     cluster.nodes[lead].start()
     cluster.nodes[lead].wait_ready()
-    maps = wait_until(lambda: _all_at(cluster, 4), 30, "epoch 4 everywhere, the killed node included")
+    maps = wait_until(lambda: _all_at(cluster, 5), 30, "epoch 5 everywhere, the killed node included")
     assert all("migrations" not in m and any(a <= FIRST <= b and g == owner for a, b, g in m["slots"])
                for _, m in maps.values())
     rc = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[1].resp_port)
@@ -186,11 +192,11 @@ def test_slots_move_cli_begins_watches_and_reports_an_abort(meta_cluster):
         assert bad.wait(60) == 1 and "FIRST <= LAST" in bad.communicate()[1]
         cli = _ctl(cluster, "slots", "move", "--slots", f"{first}-{last}", "--to-group", str(target), "--json")
         mig = wait_until(lambda: json.loads(c.get_slot_map().slot_map).get("migrations"), 60, "the CLI's BeginMove")
-        assert mig[0]["first"] == first and mig[0]["target"] == target and mig[0]["phase"] == "sealing"
+        assert mig[0]["first"] == first and mig[0]["target"] == target and mig[0]["phase"] == "precopying"
         status = _ctl(cluster, "status", "--json")
         out, err = status.communicate(timeout=60)
         assert status.returncode == 0, err
-        assert [(s["first"], s["last"], s["phase"]) for s in json.loads(out)["migrations"]] == [(first, last, "sealing")]
+        assert [(s["first"], s["last"], s["phase"]) for s in json.loads(out)["migrations"]] == [(first, last, "precopying")]
         started = mig[0]["started_epoch"]
         epoch = json.loads(c.get_slot_map().slot_map)["epoch"]
         for event in ({"kind": "abort", "reason": "operator"}, {"kind": "finish"}):

@@ -30,7 +30,7 @@ from xraft.client import sync
 from xraft.client.slots import key_slot
 
 GROUPS = 3
-KILL_POINTS = ("move.sealing.propose", "move.copying.step", "move.copying.propose", "move.verified.step",
+KILL_POINTS = ("move.precopying.step", "move.precopying.propose", "move.sealing.propose", "move.copying.step", "move.copying.propose", "move.verified.step",
                "move.decided.step", "move.decided.propose", "move.released.step")
 
 
@@ -147,7 +147,7 @@ def test_a_move_under_load_loses_nothing_and_keeps_the_groups(plain):
     finally:
         rc.close()
     phases = [p["phase"] for p in result["phases"]]
-    assert phases[-1] == "finished" and phases[0] in ("sealing", "copying"), phases
+    assert phases[-1] == "finished" and phases[0] in ("precopying", "sealing", "copying"), phases
     assert figures["acked"] >= 80 and result["write_wait_ms"] >= 0
 
 

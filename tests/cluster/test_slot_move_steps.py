@@ -17,7 +17,7 @@ from tests.fsm.test_slot_moves import keys_in
 from xraft.node.cluster.placement import initial_layout
 from xraft.node.cluster.slot_map import NodeSpec
 from xraft.node.engine.slots import key_slot
-from xraft.node.fsm.slot_moves import END, encode_cursor
+from xraft.node.fsm.slot_moves import END, MoveId, encode_cursor
 from xraft.node.server.slot_move_steps import MoveStepRefused, MoveSteps
 
 GROUPS = 2
@@ -283,3 +283,48 @@ def test_leaders_killed_by_failpoints_inside_a_step_and_the_step_still_completes
     run(go())
     tgt.wait_ready()
     assert moved(rclient(c.nodes[3], 10), "XLEN", keys[0])
+
+
+def test_a_pre_copy_while_a_serves_then_a_delta_copy_with_the_target_leader_killed_in_prestage(two_groups):
+    """The pre-copy (PRESTAGE while A serves) with B's leader dying right after applying its
+    first PRESTAGE (XRAFT_FAILPOINT=after_prestage_1): MoveSteps.precopy resumes at the new
+    leader from B's pre-copy cursor. A keeps serving writes; after the seal the copy sends
+    the big stream as a delta, and B ends with exactly A's manifest."""
+    c = two_groups
+    first, last, epoch = 1100, 1200, 6
+    keys, r = filled(c, first, last, "pc")
+    big = keys_in(first, last, 1, "pcbig")[0]
+    pipe = r.pipeline(transaction=False)
+    for i in range(1, 3001):
+        pipe.xadd(big, {"f": "value-%06d" % i}, id="%d-1" % i)
+    pipe.execute()
+    r.xgroup_create(big, "g", id="0")
+    r.xreadgroup("g", "alice", {big: ">"}, count=500)
+    tgt = c.nodes[2]
+    _restart_with_failpoint(c, tgt, "after_prestage_1", B)
+
+    async def go():
+        ms = steps_for(c)
+        try:
+            seen = []
+            n = await ms.precopy(A, B, first, last, epoch, progress=lambda cur, k: seen.append(k), max_bytes=1500)
+            assert tgt.proc.wait(30) == -9 and n == 4                   # it died inside the pre-copy
+            tgt.start()
+            tgt.wait_ready()
+            assert await ms.precopy(A, B, first, last, epoch) == 4      # done: nothing more to do
+            for i in range(3001, 3051):                                 # A serves on
+                r.xadd(big, {"f": "late-%d" % i}, id="%d-1" % i)
+            r.xreadgroup("g", "bob", {big: ">"}, count=20)
+            before = views(r, big)
+            have = (await ms._call("HAVE", B, MoveId(first, last, epoch))).have
+            assert big.encode() in have
+            await ms.seal(A, first, last, epoch)
+            assert await ms.copy(A, B, first, last, epoch, max_bytes=1500) == (END, 4)
+            await finish(ms, first, last, epoch)
+            return before
+        finally:
+            await ms.close()
+    before = run(go())
+    tgt.wait_ready()
+    assert moved(rclient(c.nodes[1], 10), "XLEN", big)
+    assert before[0]["length"] == 3050

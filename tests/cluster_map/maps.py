@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from xraft.node.cluster.changes import AdvanceMove, apply_change
 from xraft.node.cluster.placement import initial_layout
 from xraft.node.cluster.slot_map import GroupSpec, MovePhase, NodeSpec, NodeState, SlotMap
-from xraft.node.cluster.slot_move import Copied, Decide, Finish, Released, Sealed, Verified
+from xraft.node.cluster.slot_move import Copied, Decide, Finish, Precopied, Released, Sealed, Verified
 from xraft.node.engine.slots import SLOT_COUNT
 
 
@@ -21,7 +21,7 @@ def digest(text="manifest") -> bytes:
 
 def next_event(phase: MovePhase, replicated: int = 0):
     """What a healthy driver proposes next for a move in `phase`."""
-    return {MovePhase.SEALING: Sealed(),
+    return {MovePhase.PRECOPYING: Precopied(), MovePhase.SEALING: Sealed(),
             MovePhase.COPYING: Verified(digest()) if replicated >= 2 else Copied(b"k%d" % (replicated + 1),
                                                                                 replicated + 1),
             MovePhase.VERIFIED: Decide(), MovePhase.DECIDED: Released(),

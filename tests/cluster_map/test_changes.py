@@ -9,7 +9,7 @@ from xraft.node.cluster.changes import (AddLearner, AddNode, AdvanceMove, Assign
                                         apply_change, decode_change, encode_change, MAX_CHANGE_BYTES)
 from xraft.node.cluster.placement import initial_layout
 from xraft.node.cluster.slot_map import NodeSpec, NodeState, SlotMap, SlotMapError
-from xraft.node.cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Released, Sealed, Verified
+from xraft.node.cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Precopied, Released, Sealed, Verified
 from xraft.node.engine.slots import SLOT_COUNT
 
 from .maps import digest, next_event, nodes
@@ -138,7 +138,7 @@ def test_assign_refuses_no_ops_and_moving_slots():
 # -- the encoding -----------------------------------------------------------------------------
 small = st.integers(0, 40)
 positive = st.integers(1, 10 ** 6)
-events = st.one_of(st.just(Sealed()), st.builds(Copied, st.binary(max_size=64), positive),
+events = st.one_of(st.just(Precopied()), st.just(Sealed()), st.builds(Copied, st.binary(max_size=64), positive),
                    st.builds(Verified, st.binary(min_size=32, max_size=32)), st.just(Decide()),
                    st.just(Released()), st.just(Finish()), st.builds(Abort, st.text(min_size=1, max_size=50)))
 node_specs = st.builds(NodeSpec, positive, st.just("h:1"), st.sampled_from(["", "h:2"]), st.sampled_from(NodeState))
@@ -268,7 +268,7 @@ def test_move_steps_refused_and_reported():
     assert mig.started_epoch == m.epoch and mig.source == 1
     with pytest.raises(MoveError) as e:
         apply_change(m, AdvanceMove(m.epoch, 0, 9, mig.started_epoch, 2, Decide()))
-    assert e.value.phase.value == "sealing" and not e.value.already_applied
+    assert e.value.phase.value == "precopying" and not e.value.already_applied
     with pytest.raises(MoveError, match="no move"):
         apply_change(m, AdvanceMove(m.epoch, 0, 9, mig.started_epoch + 1, 2, Sealed()))
     with pytest.raises(MoveError, match="no move"):

@@ -6,7 +6,7 @@ from xraft.node.cluster.changes import AdvanceMove, BeginMove, StaleEpoch, encod
 from xraft.node.cluster.meta_machine import MetaApplied, MetaMachine, MetaRefused, meta_members
 from xraft.node.cluster.placement import initial_layout
 from xraft.node.cluster.slot_map import MovePhase, SlotMap, SlotMapError
-from xraft.node.cluster.slot_move import Abort, Finish, MoveError, Sealed, who_serves
+from xraft.node.cluster.slot_move import Abort, Finish, MoveError, Precopied, Sealed, who_serves
 
 from .maps import nodes
 
@@ -27,8 +27,8 @@ def test_apply_change_then_refusals_change_nothing():
     sm.add_listener(seen.append)
     r = sm.apply(2, encode_change(BeginMove(1, 100, 199, 3)))
     assert isinstance(r, MetaApplied) and r.slot_map.epoch == 2
-    assert r.slot_map.migrations[(100, 199)].phase == MovePhase.SEALING
-    assert who_serves(r.slot_map, 150) == (1, True)
+    assert r.slot_map.migrations[(100, 199)].phase == MovePhase.PRECOPYING
+    assert who_serves(r.slot_map, 150) == (1, False)          # pre-copying: the source serves on
     # the same change again: stale, nothing changes, the listener hears nothing
     r2 = sm.apply(3, encode_change(BeginMove(1, 100, 199, 3)))
     assert isinstance(r2, MetaRefused) and isinstance(r2.error, StaleEpoch) and r2.epoch == 2
@@ -44,7 +44,7 @@ def test_apply_change_then_refusals_change_nothing():
 def test_snapshot_restore_round_trip_and_listener():
     sm = MetaMachine(founding())
     sm.apply(2, encode_change(BeginMove(1, 0, 9, 2)))
-    sm.apply(3, encode_change(AdvanceMove(2, 0, 9, 2, 2, Sealed())))
+    sm.apply(3, encode_change(AdvanceMove(2, 0, 9, 2, 2, Precopied())))
     snap = sm.snapshot()
     assert snap == sm.slot_map.encode()
     other = MetaMachine(founding())

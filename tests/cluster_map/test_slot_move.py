@@ -9,17 +9,18 @@ from xraft.node.cluster.changes import AdvanceMove, BeginMove, StaleEpoch, alrea
     decode_change, encode_change
 from xraft.node.cluster.placement import initial_layout
 from xraft.node.cluster.slot_map import Migration, MovePhase, SlotMap, SlotMapError
-from xraft.node.cluster.slot_move import (Abort, Copied, Decide, Finish, MoveError, Released, Sealed, Verified,
-                                          advance, begin_move, event_reached, who_serves)
+from xraft.node.cluster.slot_move import (Abort, Copied, Decide, Finish, MoveError, Precopied, Released, Sealed,
+                                          Verified, advance, begin_move, event_reached, who_serves)
 from xraft.node.engine.slots import SLOT_COUNT
 
 from .maps import advance_change, digest, next_event, nodes
 
-ALL_EVENTS = [Sealed(), Copied(b"k1", 1), Copied(b"k2", 2), Verified(digest()), Verified(digest("other")),
+ALL_EVENTS = [Precopied(), Sealed(), Copied(b"k1", 1), Copied(b"k2", 2), Verified(digest()), Verified(digest("other")),
               Decide(), Released(), Finish(), Abort("timeout")]
 
 # phase -> the events advance() takes from it (everything else raises MoveError)
 ALLOWED = {
+    MovePhase.PRECOPYING: {Precopied(), Abort("timeout")},
     MovePhase.SEALING: {Sealed(), Abort("timeout")},
     MovePhase.COPYING: {Copied(b"k1", 1), Copied(b"k2", 2), Verified(digest()), Verified(digest("other")),
                         Abort("timeout")},
@@ -31,11 +32,11 @@ ALLOWED = {
 
 
 def migration_in(phase: MovePhase) -> Migration:
-    m = Migration(100, 199, 1, 2, MovePhase.SEALING, 2)
-    path = {MovePhase.SEALING: [], MovePhase.COPYING: [Sealed()],
-            MovePhase.VERIFIED: [Sealed(), Verified(digest())],
-            MovePhase.DECIDED: [Sealed(), Verified(digest()), Decide()],
-            MovePhase.RELEASED: [Sealed(), Verified(digest()), Decide(), Released()],
+    m = Migration(100, 199, 1, 2, MovePhase.PRECOPYING, 2)
+    path = {MovePhase.PRECOPYING: [], MovePhase.SEALING: [Precopied()], MovePhase.COPYING: [Precopied(), Sealed()],
+            MovePhase.VERIFIED: [Precopied(), Sealed(), Verified(digest())],
+            MovePhase.DECIDED: [Precopied(), Sealed(), Verified(digest()), Decide()],
+            MovePhase.RELEASED: [Precopied(), Sealed(), Verified(digest()), Decide(), Released()],
             MovePhase.ABORTED: [Abort("operator")]}[phase]
     for e in path:
         m = advance(m, e)
@@ -84,14 +85,15 @@ def test_the_whole_move_through_the_map():
     assert who_serves(m, 150) == (1, False)
     m = apply_change(m, BeginMove(m.epoch, 100, 199, 3))
     mig = m.migrations[(100, 199)]
-    assert (mig.source, mig.target, mig.phase, mig.started_epoch) == (1, 3, MovePhase.SEALING, m.epoch)
+    assert (mig.source, mig.target, mig.phase, mig.started_epoch) == (1, 3, MovePhase.PRECOPYING, m.epoch)
     seen = []
     while m.migrations:
         seen.append((mig.phase, who_serves(m, 100), who_serves(m, 199), m.owner(150)))
         assert who_serves(m, 99) == (1, False) and who_serves(m, 200) == (1, False)
         m = apply_change(m, advance_change(m, mig, next_event(mig.phase, mig.replicated)))
         mig = m.migrations.get((100, 199))
-    assert seen == [(MovePhase.SEALING, (1, True), (1, True), 1),
+    assert seen == [(MovePhase.PRECOPYING, (1, False), (1, False), 1),
+                    (MovePhase.SEALING, (1, True), (1, True), 1),
                     (MovePhase.COPYING, (1, True), (1, True), 1),
                     (MovePhase.COPYING, (1, True), (1, True), 1),
                     (MovePhase.COPYING, (1, True), (1, True), 1),
@@ -105,6 +107,7 @@ def test_an_aborted_move_leaves_the_source_serving():
     m = initial_layout(nodes(3), 3)
     m = apply_change(m, BeginMove(m.epoch, 0, 0, 2))
     mig = m.migrations[(0, 0)]
+    m = apply_change(m, advance_change(m, mig, Precopied()))
     m = apply_change(m, advance_change(m, mig, Sealed()))
     m = apply_change(m, advance_change(m, mig, Abort("timeout")))
     assert m.migrations[(0, 0)].reason == "timeout" and who_serves(m, 0) == (1, False)
@@ -125,7 +128,7 @@ def test_finished_move_counts_every_main_step_as_done():
     while m.migrations:
         m = apply_change(m, advance_change(m, m.migrations[(7, 9)], next_event(m.migrations[(7, 9)].phase,
                                                                                m.migrations[(7, 9)].replicated)))
-    for e in (Sealed(), Copied(b"x", 9), Verified(digest()), Decide(), Released(), Finish()):
+    for e in (Precopied(), Sealed(), Copied(b"x", 9), Verified(digest()), Decide(), Released(), Finish()):
         assert already_applied(m, AdvanceMove(2, 7, 9, mig.started_epoch, 2, e)), e
     assert not already_applied(m, AdvanceMove(2, 7, 9, mig.started_epoch, 2, Abort("late")))
     assert already_applied(m, BeginMove(1, 7, 9, 2))
@@ -143,7 +146,7 @@ def moving_map():
     m = initial_layout(nodes(3), 3)
     m = apply_change(m, BeginMove(m.epoch, 100, 199, 3))
     m = apply_change(m, BeginMove(m.epoch, 6000, 6000, 1))
-    for event in (Sealed(), Copied(bytes(range(40)), 7)):
+    for event in (Precopied(), Sealed(), Copied(bytes(range(40)), 7)):
         m = apply_change(m, advance_change(m, m.migrations[(100, 199)], event))
     return m
 
@@ -291,6 +294,8 @@ def _check_serving(m: SlotMap, moves: dict, before: SlotMap) -> None:
             group, frozen = who_serves(m, s)
             if mig is not None and mig.phase in (MovePhase.SEALING, MovePhase.COPYING, MovePhase.VERIFIED):
                 assert frozen and group == mv["source"]
+            elif mig is not None and mig.phase is MovePhase.PRECOPYING:
+                assert not frozen and group == mv["source"]
             else:
                 assert not frozen and group == owner == (mv["target"] if mv["flips"] else mv["source"])
         for s in (first - 1, last + 1):

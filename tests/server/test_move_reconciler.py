@@ -17,6 +17,7 @@ from xraft.node.cluster.placement import initial_layout
 from xraft.node.cluster.slot_map import NodeSpec
 from xraft.node.runtime.driver_api import UnknownOutcome
 from xraft.node.server.move_reconciler import COPY_END, MoveReconciler
+from xraft.node.server.slot_move_steps import MoveStepRefused
 
 DIGEST = b"\x07" * 32
 FIRST, LAST = 100, 199
@@ -73,6 +74,13 @@ class Steps:
             self.fail[name] -= 1
             raise RuntimeError(f"{name} failed")
 
+    async def precopy(self, a, b, first, last, epoch):
+        await self._do("precopy")
+        if self.fail.get("precopy-refused"):
+            self.fail["precopy-refused"] -= 1
+            raise MoveStepRefused("ERR xraft: bad cursor: offset 9 in a record of 3 bytes")
+        return 2
+
     async def seal(self, a, first, last, epoch):
         await self._do("seal", a, first, last, epoch)
 
@@ -115,13 +123,13 @@ def test_healthy_path_calls_steps_in_order_and_moves_the_slots():
     meta.begin()
     source = meta.slot_map.owner(FIRST)
     run(drive(MoveReconciler(meta, steps), meta))
-    assert steps.calls == ["seal", "copy", "verify", "activate", "release", "activate"]
+    assert steps.calls == ["precopy", "seal", "copy", "verify", "activate", "release", "activate"]
     m = meta.slot_map
     assert not m.migrations and all(m.owner(s) == 3 for s in (FIRST, LAST)) and source != 3
-    assert m.epoch == 2 + 6          # BeginMove, then Sealed Copied Verified Decide Released Finish
+    assert m.epoch == 2 + 7          # BeginMove, then Precopied Sealed Copied Verified Decide Released Finish
 
 
-@pytest.mark.parametrize("rounds", range(7))
+@pytest.mark.parametrize("rounds", range(8))
 def test_a_new_leader_resumes_from_the_map_alone(rounds):
     meta, steps = LocalMeta(), Steps()
     meta.begin()
@@ -137,6 +145,15 @@ def test_lost_replies_and_failed_steps_are_resumed():
     run(drive(MoveReconciler(meta, steps), meta))
     assert not meta.slot_map.migrations and meta.slot_map.owner(FIRST) == 3
     assert steps.calls.count("seal") == 2 and "abort" not in steps.calls
+
+
+def test_a_failed_pre_copy_is_retried_and_a_refused_one_only_skips_to_the_seal():
+    meta, steps = LocalMeta(), Steps(fail=("precopy", "precopy-refused"))
+    meta.begin()
+    run(drive(MoveReconciler(meta, steps), meta))
+    assert not meta.slot_map.migrations and meta.slot_map.owner(FIRST) == 3
+    # failed (unavailable: retried next round), then refused (sealed anyway), then sealed
+    assert steps.calls[:4] == ["precopy", "precopy", "seal", "copy"] and "abort" not in steps.calls
 
 
 def test_undecided_move_times_out_into_an_abort():
@@ -160,7 +177,7 @@ def test_a_decided_move_is_never_aborted_by_the_timeout():
     steps.fail["release"] = 3
     meta.begin()
     rec = MoveReconciler(meta, steps, move_timeout_s=30, clock=lambda: now[0])
-    run(drive(rec, meta, limit=4))                   # up to DECIDED
+    run(drive(rec, meta, limit=5))                   # up to DECIDED
     now[0] = 100.0
     run(drive(rec, meta))
     assert meta.slot_map.owner(FIRST) == 3 and "abort" not in steps.calls
@@ -205,6 +222,6 @@ def test_a_refused_step_before_the_decision_aborts_with_its_reason():
     meta.machine.add_listener(lambda m: seen.extend(m.migrations.values()))
     run(drive(MoveReconciler(meta, steps), meta))
     assert not meta.slot_map.migrations and meta.slot_map.owner(FIRST) == source
-    assert steps.calls == ["seal", "copy", "verify", "abort"]
+    assert steps.calls == ["precopy", "seal", "copy", "verify", "abort"]
     aborted = [m for m in seen if m.phase.value == "aborted"]
     assert aborted and "digest" in aborted[0].reason.lower()
