@@ -19,10 +19,10 @@ from __future__ import annotations
 from xraft.node.cluster.changes import AdvanceMove, BeginMove, StaleEpoch, already_applied, encode_change
 from xraft.node.cluster.meta_machine import MetaApplied, MetaRefused
 from xraft.node.cluster.slot_map import BEFORE_DECISION, MAX_REASON_CHARS, MovePhase, SlotMapError
-from xraft.node.cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Released, Sealed, Verified
+from xraft.node.cluster.slot_move import Abort, Copied, Decide, Finish, MoveError, Precopied, Released, Sealed, Verified
 from xraft.node.engine.errors import EngineError
 from xraft.node.fsm.entry import Kind, Request, encode_record
-from xraft.node.fsm.slot_export import export_chunk, manifest, staging_status
+from xraft.node.fsm.slot_export import decode_have, export_chunk, manifest, precopy_status, staged_have, staging_status
 from xraft.node.fsm.slot_move_apply import move_argv
 from xraft.node.fsm.slot_moves import END, MoveId, Phase, encode_cursor
 
@@ -118,6 +118,12 @@ class Driver:
         """MoveReconciler._data_step: the data-group work of mig's phase; the event to propose."""
         phase, a, b = mig.phase, mig.source, mig.target
         m = MoveId(mig.first, mig.last, mig.started_epoch)
+        if phase == MovePhase.PRECOPYING:
+            try:
+                yield from self.precopy(a, b, m)
+            except MoveStepRefused as exc:      # best effort (MoveReconciler._precopy): seal anyway
+                self.sim.trace_event("driver", self.node, "precopy refused", _reason(exc))
+            return Precopied()
         if phase == MovePhase.SEALING:
             yield from self.write(a, "SEAL", m)
             return Sealed()
@@ -182,20 +188,45 @@ class Driver:
         if phase is Phase.ACTIVE:
             return END, 0
         cursor, chunks = at or encode_cursor(m.first, 0), 0
+        # B's pre-copied streams travel as DELTA records; if B cannot apply one, the rest in full.
+        have = (yield from self.read(b, lambda sm: staged_have(sm, m))) if cursor != END else b""
         while cursor != END:
             records, nxt, _done, sessions, now = yield from self.read(
-                a, lambda sm, c=cursor: export_chunk(sm, m, c, max_bytes) + (sm.last_now_ms,))
+                a, lambda sm, c=cursor, h=have: export_chunk(sm, m, c, max_bytes, have=decode_have(h) if h else None)
+                + (sm.last_now_ms,))
             if len(nxt) != len(END) or nxt <= cursor or len(records) > max_bytes:
                 raise MoveStepRefused("group %d answered EXPORT with a bad cursor" % a)
             try:
                 yield from self.write(b, "STAGE", m, cursor, nxt, b"%d" % now, records, sessions)
             except MoveStepRefused as exc:
+                if have and "does not fit the pre-copy" in str(exc):
+                    have = b""
+                    continue
                 if "at cursor" not in str(exc):
                     raise
                 _, cursor, _, _ = yield from self.read(b, lambda sm: staging_status(sm, m))
                 continue
             cursor, chunks = nxt, chunks + 1
         return END, chunks
+
+    def precopy(self, a: int, b: int, m: MoveId):
+        """MoveSteps.precopy: export at A while it serves -> PRESTAGE at B, from B's pre-copy
+        cursor; nothing once B's pre-copy is complete or its sealed copy began."""
+        max_bytes = self.sim.cfg.chunk_bytes
+        phase, at, _, _ = yield from self.read(b, lambda sm: staging_status(sm, m))
+        pre_cursor, _ = yield from self.read(b, lambda sm: precopy_status(sm, m))
+        start = encode_cursor(m.first, 0)
+        if (phase is not None and phase is not Phase.STAGING) or (at and at != start):
+            return
+        cursor = pre_cursor or start
+        while cursor != END:
+            records, nxt, _done, _sessions = yield from self.read(
+                a, lambda sm, c=cursor: export_chunk(sm, m, c, max_bytes, live=True))
+            if len(nxt) != len(END) or nxt <= cursor or len(records) > max_bytes:
+                raise MoveStepRefused("group %d answered EXPORT with a bad cursor" % a)
+            yield from self.write(b, "PRESTAGE", m, cursor, nxt, records)
+            self.sim.stats["precopy_chunks"] += 1
+            cursor = nxt
 
     def verify(self, a: int, b: int, m: MoveId):
         source = yield from self.read(a, lambda sm: manifest(sm, m))
