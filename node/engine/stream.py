@@ -653,19 +653,31 @@ _checked_bytes = 0
 
 
 def _check_node_cached(key: bytes, lp: bytes) -> int:
+    # Snapshots load in executor threads (a group opening) while the loop thread loads
+    # records, and this layer takes no locks: each OrderedDict call is atomic under the
+    # GIL, a race between them only loses a recency update or finds an entry already
+    # gone (KeyError, ignored), and a lost += / -= on the byte count only shifts when
+    # eviction starts by at most one node (<= NODE_CACHE_BYTES // 64) per race.
     global _checked_bytes
     ck = (key, lp)
     count = _checked_nodes.get(ck)
     if count is not None:
-        _checked_nodes.move_to_end(ck)
+        try:
+            _checked_nodes.move_to_end(ck)
+        except KeyError:
+            pass
         return count
     count = _check_node(key, lp)
     size = len(key) + len(lp)
-    if size <= NODE_CACHE_BYTES // 64:
+    if size <= NODE_CACHE_BYTES // 64 and ck not in _checked_nodes:
         _checked_nodes[ck] = count
         _checked_bytes += size
         while _checked_bytes > NODE_CACHE_BYTES:
-            (k, old), _ = _checked_nodes.popitem(last=False)
+            try:
+                (k, old), _ = _checked_nodes.popitem(last=False)
+            except KeyError:
+                _checked_bytes = 0
+                break
             _checked_bytes -= len(k) + len(old)
     return count
 

@@ -39,7 +39,7 @@ from .replica import META, Replica, bootstrap_snapshot
 TRACE_LEN = 120
 MAX_IN_FLIGHT = 4000
 BASE_MS = 1_700_000_000_000
-SETTLE_MAX = 60_000
+SETTLE_MAX = 150_000     # the moves the operator still wants run in the healing phase too (a pre-copy adds rounds)
 
 
 @dataclass(frozen=True)
