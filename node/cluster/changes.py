@@ -15,12 +15,13 @@ SlotMapError.
     AddNode(node)                         a new node id, UP (ids never return: REMOVED stays)
     SetNodeState(node, state)             UP -> DRAINING -> REMOVED, DRAINING -> UP (cancel);
                                           REMOVED only once the node holds no replica
-    AddLearner(group, node)               conf_version + 1; the node must be UP and never have
-                                          left the group (`left`: Raft takes no id back)
+    AddLearner(group, node)               conf_version + 1; the node must be UP. A node in the
+                                          group's `left` rejoins as its next generation (a new
+                                          replica id: Raft takes no id back)
     PromoteLearner(group, node)           learner -> voter, conf_version + 1
     RemoveReplica(group, node)            conf_version + 1; not the last voter, not the
                                           preferred leader (move that first); the node joins
-                                          the group's `left`
+                                          the group's `left` (its generation stays recorded)
     SetPreferredLeader(group, node)       an UP voter
     BeginMove(first, last, target)        slot_move.begin_move
     AdvanceMove(first, last, started_epoch, target, event)   slot_move.advance
@@ -35,8 +36,8 @@ from dataclasses import dataclass, fields, replace
 
 from ..engine.slots import SLOT_COUNT
 from ..invariant import invariant
-from .slot_map import (GroupSpec, NodeSpec, NodeState, SlotMap, SlotMapError, _int, node_from_json_obj,
-                       node_to_json_obj)
+from .slot_map import (MAX_GENERATION, GroupSpec, NodeSpec, NodeState, SlotMap, SlotMapError, _int,
+                       node_from_json_obj, node_to_json_obj)
 from .slot_move import (Abort, Finish, MoveError, advance, begin_move, event_from_json_obj, event_reached,
                         event_to_json_obj, with_advanced)
 
@@ -230,11 +231,15 @@ def _apply_add_learner(m: SlotMap, c: AddLearner) -> SlotMap:
     _up_node(m, c.node_id)
     if c.node_id in g.replicas:
         raise SlotMapError("node %d already replicates group %d" % (c.node_id, c.group_id))
-    if c.node_id in g.left:
-        raise SlotMapError("node %d left group %d before: Raft never takes an id back into a group"
-                           % (c.node_id, c.group_id))
     if len(g.replicas) >= MAX_REPLICAS:
         raise SlotMapError("group %d has %d replicas already" % (c.group_id, MAX_REPLICAS))
+    if c.node_id in g.left:
+        # Raft never takes a replica id back: the node rejoins as a new replica, the next generation.
+        generation = g.next_generation(c.node_id)
+        if generation > MAX_GENERATION:
+            raise SlotMapError("node %d rejoined group %d %d times already" % (c.node_id, c.group_id, MAX_GENERATION))
+        g = replace(g, left=tuple(n for n in g.left if n != c.node_id),
+                    generations=tuple(sorted((dict(g.generations) | {c.node_id: generation}).items())))
     return _with_members(m, g, g.voters, g.learners + (c.node_id,))
 
 

@@ -2,7 +2,8 @@
 that takes a group's configuration there. Pure: the node side (server/membership.py)
 reads a group's configuration on its leader and proposes what next_conf_step says.
 
-    wanted_members(map, group)        a data group: the map's voters and learners
+    wanted_members(map, group)        a data group: the map's voters and learners, as Raft ids (the
+                                      replica ids of slot_map.py: a rejoined node's is new)
     meta_members_wanted(map, v, l)    group 0 (not in the map): keep its UP voters, top them
                                       up to META_VOTERS from the UP nodes (learners first),
                                       every other node that is not REMOVED a learner
@@ -64,8 +65,9 @@ class ConfStep:
 
 
 def wanted_members(slot_map: SlotMap, group_id: int) -> tuple:
+    """(voters, learners) of a data group as replica ids: what its Raft configuration must hold."""
     spec = slot_map.groups[group_id]
-    return tuple(spec.voters), tuple(spec.learners)
+    return tuple(spec.replica_id(n) for n in spec.voters), tuple(spec.replica_id(n) for n in spec.learners)
 
 
 def meta_members_wanted(slot_map: SlotMap, voters: tuple, learners: tuple) -> tuple:

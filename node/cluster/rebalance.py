@@ -283,7 +283,7 @@ def plan_drain(slot_map: SlotMap, node_id: int) -> list:
                 for n in waiting:
                     plan.add(PromoteLearner, group_id=gid, node_id=n)
             elif len(g.replicas) <= size:        # (more: a replacement already promoted)
-                spare = _fewest(plan.map, replica_counts(plan.map), sorted(up - set(g.replicas) - set(g.left)))
+                spare = _fewest(plan.map, replica_counts(plan.map), sorted(up - set(g.replicas)))
                 if spare is not None:
                     plan.add(AddLearner, group_id=gid, node_id=spare)
                     plan.add(PromoteLearner, group_id=gid, node_id=spare)
@@ -334,7 +334,7 @@ def plan_add_node(slot_map: SlotMap, node: NodeSpec) -> list:
                 break
             for gid in plan.map.groups_of_node(donor):
                 g = plan.map.groups[gid]
-                if donor in g.voters and nid not in g.replicas and nid not in g.left:
+                if donor in g.voters and nid not in g.replicas:
                     swap = (gid, donor)
                     break
             if swap:

@@ -17,8 +17,9 @@ a stale routing table from a fresh one.
     GroupSpec  voters (sorted node ids, non-empty), learners (sorted, disjoint from
                voters), preferred_leader (a voter: where placement wants its leader),
                conf_version (the group's membership version; grows on each change),
-               left (sorted node ids that left the group's Raft configuration: Raft never
-               takes an id back into a group, so no plan may put them back)
+               left (sorted node ids whose latest replica of the group left its Raft
+               configuration), generations (sorted (node id, generation) pairs of the replicas and
+               `left` nodes whose generation is not 0; see replica ids below)
     NodeSpec   node_id, grpc "host:port", resp "host:port" ("" until known),
                state UP | DRAINING | REMOVED
 
@@ -28,9 +29,18 @@ a stale routing table from a fresh one.
                (why it was aborted), started_epoch (the map epoch that began it:
                with the range, the move's identity)
 
+Replica ids (the Raft ids of a data group's members) are not node ids: Raft never takes
+an id back into a group, so a node that left a group and rejoins it does so as a NEW
+replica, the next generation: replica_id(node, generation) = generation << NODE_ID_BITS |
+node. A node's first replica of a group is generation 0, whose replica id IS the node id
+(every map and every Raft log written before generations existed). The node of a replica
+id is its low bits (node_of_replica): routing a Raft message needs no map. Group 0 (the
+metadata group, not in the map) keeps node ids as its Raft ids.
+
 Encoding (`encode`/`decode`): canonical JSON (sorted keys, no spaces), slots as
 [first, last, group] runs; "migrations" only when there are some, so a map without
-moves encodes as it did before moves existed. decode() validates every field and
+moves encodes as it did before moves existed; "left" and "generations" likewise only when
+non-empty. decode() validates every field and
 every invariant above before returning, because the bytes come from disk or a peer.
 """
 from __future__ import annotations
@@ -54,6 +64,9 @@ MAX_MIGRATIONS = 256         # slot moves in progress at once
 MAX_CURSOR_BYTES = 1024      # a move's copy cursor (opaque to the map)
 DIGEST_BYTES = 32            # a verified manifest's digest (sha256)
 MAX_REASON_CHARS = 200       # why a move was aborted
+NODE_ID_BITS = 40            # a replica id's low bits: its node
+MAX_NODE_ID = (1 << NODE_ID_BITS) - 1
+MAX_GENERATION = (1 << 22) - 1   # rejoins of one node to one group (replica ids stay < 2**62)
 _OWNERS_FORMAT = "<%dH" % SLOT_COUNT
 
 
@@ -82,11 +95,41 @@ class GroupSpec:
     preferred_leader: int            # Invariant: in voters
     learners: tuple = ()             # sorted node ids. Invariant: disjoint from voters
     conf_version: int = 0            # Invariant: >= 0
-    left: tuple = ()                 # sorted node ids once removed from it. Invariant: no replica, map nodes
+    left: tuple = ()                 # sorted node ids whose latest replica left. Invariant: no replica, map nodes
+    generations: tuple = ()          # sorted (node id, generation >= 1) of replicas and `left` nodes; 0 if absent
 
     @property
     def replicas(self) -> tuple:
         return tuple(sorted(self.voters + self.learners))
+
+    def generation(self, node_id: int) -> int:
+        """The generation of node_id's current (or, in `left`, latest) replica of the group."""
+        for n, gen in self.generations:
+            if n == node_id:
+                return gen
+        return 0
+
+    def replica_id(self, node_id: int) -> int:
+        """The Raft id of node_id's current replica of the group."""
+        return replica_id(node_id, self.generation(node_id))
+
+    def next_generation(self, node_id: int) -> int:
+        """The generation node_id joins the group as: a node that left comes back as a new one."""
+        return self.generation(node_id) + 1 if node_id in self.left else self.generation(node_id)
+
+
+def replica_id(node_id: int, generation: int) -> int:
+    invariant(1 <= node_id <= MAX_NODE_ID and 0 <= generation <= MAX_GENERATION, "valid replica")
+    return (generation << NODE_ID_BITS) | node_id
+
+
+def node_of_replica(replica: int) -> int:
+    """The node that hosts Raft member `replica` (a data group's replica id or a node id)."""
+    return replica & MAX_NODE_ID
+
+
+def generation_of_replica(replica: int) -> int:
+    return replica >> NODE_ID_BITS
 
 
 class MovePhase(enum.Enum):
@@ -297,7 +340,7 @@ class SlotMap:
         if len(self.nodes) > MAX_NODES:
             raise SlotMapError("a map has at most %d nodes" % MAX_NODES)
         for nid, n in self.nodes.items():
-            if not isinstance(n, NodeSpec) or n.node_id != nid or nid < 1:
+            if not isinstance(n, NodeSpec) or n.node_id != nid or not 1 <= nid <= MAX_NODE_ID:
                 raise SlotMapError("node entry %r is not a valid NodeSpec" % (nid,))
         for gid, g in self.groups.items():
             if not isinstance(g, GroupSpec) or g.group_id != gid or not 1 <= gid <= MAX_GROUP_ID:
@@ -313,6 +356,11 @@ class SlotMap:
             if list(g.left) != sorted(set(g.left)) or set(g.left) & set(g.voters + g.learners) or \
                     any(n not in self.nodes for n in g.left):
                 raise SlotMapError("group %d: left must be sorted, distinct map nodes that are not replicas" % gid)
+            gen_nodes = [n for n, _ in g.generations]
+            if gen_nodes != sorted(set(gen_nodes)) or not set(gen_nodes) <= set(g.replicas + g.left) or \
+                    any(not 1 <= gen <= MAX_GENERATION for _, gen in g.generations):
+                raise SlotMapError("group %d: generations must be sorted (node, 1..%d) of replicas or left nodes"
+                                   % (gid, MAX_GENERATION))
             missing = [r for r in g.voters + g.learners if r not in self.nodes]
             if missing:
                 raise SlotMapError("group %d names unknown nodes %s" % (gid, missing))
@@ -355,10 +403,12 @@ class SlotMap:
         return {
             "epoch": self.epoch,
             "slots": runs,
-            # "left" only when some node left: a map without departures encodes as before.
+            # "left" and "generations" only when some node left: a map without departures
+            # encodes as before.
             "groups": [{"id": g.group_id, "voters": list(g.voters), "learners": list(g.learners),
                         "preferred_leader": g.preferred_leader, "conf_version": g.conf_version}
                        | ({"left": list(g.left)} if g.left else {})
+                       | ({"generations": [list(p) for p in g.generations]} if g.generations else {})
                        for g in sorted(self.groups.values(), key=lambda g: g.group_id)],
             "nodes": [node_to_json_obj(n) for n in sorted(self.nodes.values(), key=lambda n: n.node_id)],
         } | ({"migrations": [self.migrations[k].to_json_obj() for k in sorted(self.migrations)]}
@@ -384,7 +434,8 @@ class SlotMap:
             for g in obj["groups"]:
                 spec = GroupSpec(_int(g["id"]), tuple(_int(v) for v in g["voters"]), _int(g["preferred_leader"]),
                                  tuple(_int(v) for v in g["learners"]), _int(g["conf_version"]),
-                                 tuple(_int(v) for v in g.get("left", ())))
+                                 tuple(_int(v) for v in g.get("left", ())),
+                                 tuple(_generation_pair(p) for p in g.get("generations", ())))
                 if spec.group_id in groups:
                     raise SlotMapError("group %d twice" % spec.group_id)
                 groups[spec.group_id] = spec
@@ -419,6 +470,12 @@ def node_to_json_obj(n: NodeSpec) -> dict:
 def node_from_json_obj(obj) -> NodeSpec:
     """The NodeSpec node_to_json_obj wrote (KeyError/ValueError/SlotMapError otherwise)."""
     return NodeSpec(_int(obj["id"]), _str(obj["grpc"]), _str(obj["resp"]), NodeState(obj["state"]))
+
+
+def _generation_pair(obj) -> tuple:
+    if type(obj) is not list or len(obj) != 2:
+        raise SlotMapError("a generation is [node, generation], got %r" % (obj,))
+    return _int(obj[0]), _int(obj[1])
 
 
 def _hex(v) -> bytes:

@@ -199,8 +199,14 @@ def message_with(m: Message, to: int, frm: int, term: int) -> Message:
                    m.reject, m.reject_hint, m.context, m.chunk_offset, m.chunk_total)
 
 
-def link_violation(m: Message, link_from: int, link_to: int) -> Optional[str]:
+def _same(raft_id: int) -> int:
+    return raft_id
+
+
+def link_violation(m: Message, link_from: int, link_to: int, node_of=_same) -> Optional[str]:
     """Why `m` may not arrive over the authenticated link link_from -> link_to; None if it may.
+    `node_of(raft id)`: the node that hosts that Raft member (the identity unless a group's
+    members have ids of their own: cluster/slot_map.py's replica ids, whose node the caller knows).
 
     The one acceptance rule of every transport (GrpcTransport ends the stream on a violation)
     and of the simulator's network. A message must be addressed to the link's receiver and be
@@ -212,9 +218,9 @@ def link_violation(m: Message, link_from: int, link_to: int) -> Optional[str]:
     t = m.type
     if t in LOCAL_MESSAGES:
         return f"local-only {t.name} message"
-    if m.to != link_to:
+    if node_of(m.to) != link_to:
         return f"{t.name} message to {m.to} on a link to {link_to}"
-    if m.frm == link_from or (t in FORWARDED_MESSAGES and m.frm != NONE):
+    if node_of(m.frm) == link_from or (t in FORWARDED_MESSAGES and m.frm != NONE):
         return None
     return f"{t.name} message from {m.frm} on the link of node {link_from}"
 

@@ -83,6 +83,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ...proto.v1 import peer_pb2, peer_pb2_grpc
+from ..cluster.slot_map import node_of_replica
 from ..raft.codec import CodecError, decode_message, encode_message
 from ..raft.types import Message, link_violation
 from .peer_auth import MAX_ENVELOPE_BYTES, MIN_ENVELOPE_BYTES, HelloRefused, PeerAuthenticator, \
@@ -664,7 +665,7 @@ class GrpcTransport:
                     # another node, or about local-only events, is broken or hostile), except
                     # for requests forwarded with their originator in frm: one rule, shared
                     # with the simulator's network (types.link_violation).
-                    why = link_violation(m, frm, me)
+                    why = link_violation(m, frm, me, node_of_replica)
                     if why is not None:
                         await self._violation(context, frm, why)
                     batch.append((gm.group_id, m))

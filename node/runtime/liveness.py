@@ -29,6 +29,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from ..cluster.slot_map import node_of_replica
 from ..raft.codec import MAX_CONTEXT_BYTES
 from ..raft.quorum import VoteResult
 from ..raft.types import Message, MessageType, StateRole
@@ -86,14 +87,14 @@ class NodeLiveness:
                 continue
             r = g.rn.raft
             quiescing = quiescing or r.cfg.quiesce
-            peers.update(r.trk.progress)
+            peers.update(node_of_replica(p) for p in r.trk.progress)   # Raft ids are replica ids
             if not r.quiesced:
                 continue
             if r.state == _LEADER:
                 leads.append((g.group_id, r.term))
                 leaders_asleep.append(g)
             else:
-                watching.setdefault(r.lead, []).append(g)
+                watching.setdefault(node_of_replica(r.lead), []).append(g)
         self.watching = watching
         peers.update(watching)
         peers.discard(self.node_id)
@@ -111,7 +112,8 @@ class NodeLiveness:
         me = self.node_id
         for g in leaders_asleep:
             voters = g.rn.raft.trk.config.voters
-            alive = {v: v == me or silent.get(v, 0) <= limit for v in voters.ids()}
+            alive = {v: node_of_replica(v) == me or silent.get(node_of_replica(v), 0) <= limit
+                     for v in voters.ids()}
             if voters.vote_result(alive) != VoteResult.WON:
                 self.wakes_lost_quorum += 1
                 g.request_wake(lease_expired=True)
@@ -137,6 +139,6 @@ class NodeLiveness:
             return
         for g in followers:
             r = g.rn.raft
-            if r.quiesced and r.lead == peer and (g.group_id, r.term) not in listed:
+            if r.quiesced and node_of_replica(r.lead) == peer and (g.group_id, r.term) not in listed:
                 self.wakes_unlisted += 1
                 g.request_wake(lease_expired=False)

@@ -79,6 +79,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from ..cluster.slot_map import node_of_replica
 from ..raft.types import Message, MessageType, StateRole
 from .disk_storage import DiskStorage
 from .liveness import LIVENESS_GROUP_ID, NodeLiveness
@@ -199,8 +200,11 @@ class MultiRaft:
     async def add_group(self, group_id: int, data_dir: str, sm: StateMachine,
                         bootstrap_voters: Sequence[int] = (),
                         options: Optional[GroupOptions] = None,
-                        bootstrap_learners: Sequence[int] = ()) -> GroupDriver:
-        """Open a group's storage (in the executor: recovery reads the whole WAL) and start driving it."""
+                        bootstrap_learners: Sequence[int] = (),
+                        replica_id: Optional[int] = None) -> GroupDriver:
+        """Open a group's storage (in the executor: recovery reads the whole WAL) and start driving it.
+        `replica_id`: this node's Raft id in the group (default: the node id); it must live
+        on this node (node_of_replica), so messages to it are routed here."""
         if self.loop is None or self.closing:
             raise RuntimeError("add_group() needs a started, open MultiRaft")
         if group_id in self.groups:
@@ -209,8 +213,11 @@ class MultiRaft:
             raise ValueError(f"group id {group_id} is reserved for node liveness messages")
         if len(self.groups) >= self.options.max_groups:
             raise ValueError(f"node {self.node_id} already hosts {len(self.groups)} groups (limit)")
+        raft_id = self.node_id if replica_id is None else replica_id
+        if node_of_replica(raft_id) != self.node_id:
+            raise ValueError(f"replica {raft_id} of group {group_id} is not on node {self.node_id}")
         opts = options or self.options.group
-        g = await self.loop.run_in_executor(self.executor, GroupDriver.open, group_id, self.node_id,
+        g = await self.loop.run_in_executor(self.executor, GroupDriver.open, group_id, raft_id,
                                             data_dir, sm, opts, self, tuple(bootstrap_voters),
                                             tuple(bootstrap_learners))
         if self.closing:  # closed while we were opening: do not leak the storage
@@ -279,18 +286,20 @@ class MultiRaft:
     # ------------------------------------------------ DriverHost
 
     def send(self, group_id: int, m: Message) -> None:
+        # A data group's Raft ids are replica ids (cluster/slot_map.py): the node is their low bits.
+        peer = node_of_replica(m.to)
         if m.type == MessageType.APP and not m.entries and self.options.commit_hold_s:
-            held = self._held.get(m.to)
+            held = self._held.get(peer)
             if held is None:
-                held = self._held[m.to] = {}
+                held = self._held[peer] = {}
             held[group_id] = m  # replaces an older one: same peer and group, later state
             self.stats.commits_held += 1
             if self._hold_handle is None:
                 self._hold_handle = self.loop.call_later(self.options.commit_hold_s, self._release_held)
             return
-        box = self._outbox.get(m.to)
+        box = self._outbox.get(peer)
         if box is None:
-            box = self._outbox[m.to] = []
+            box = self._outbox[peer] = []
         box.append((group_id, m))
 
     def mark_dirty(self, g: GroupDriver) -> None:
@@ -332,8 +341,10 @@ class MultiRaft:
                 self.liveness.received(from_node, m)
                 continue
             g = groups.get(gid)
-            if g is None or g.failed is not None:
-                self.stats.unknown_group_messages += 1  # not (yet) hosted here: Raft retries
+            if g is None or g.failed is not None or m.to != g.node_id:
+                # Not (yet) hosted here, or for another replica of the group than ours (a
+                # newer one joining while ours leaves, or an older one): Raft retries.
+                self.stats.unknown_group_messages += 1
                 continue
             if g.push_message(m):
                 dirty[g] = None
@@ -356,10 +367,10 @@ class MultiRaft:
                 continue
             if gid not in seen:
                 seen.add(gid)
-                g.report_unreachable(peer)
+                g.report_unreachable(m.to)       # the group's Raft id of the replica on `peer`
                 self.mark_dirty(g)
             if m.type == MessageType.SNAP:
-                g.report_snapshot(peer, False)
+                g.report_snapshot(m.to, False)
 
     # ------------------------------------------------ the loop
 
@@ -470,5 +481,5 @@ class MultiRaft:
             if m.type == MessageType.SNAP and _is_last_snapshot_chunk(m):
                 g = self.groups.get(gid)
                 if g is not None:
-                    g.report_snapshot(peer, True)
+                    g.report_snapshot(m.to, True)
                     self.mark_dirty(g)

@@ -84,7 +84,7 @@ class AdminRpcs:
             exc.grpc_address = self._grpc_of_node.get(lead) if lead else None
             exc.leader_id, exc.group_id = lead, gid
             raise exc
-        pr = d.raft_status().progress.get(to)
+        pr = d.raft_status().progress.get(b.replica_of(to))
         if pr is None or not pr.recent_active:
             raise Unavailable(f"node {to} is not reachable from group {gid}'s leader (it answered none of "
                               f"this term's heartbeats): try again when it is up")
@@ -95,7 +95,7 @@ class AdminRpcs:
         deadline = loop.time() + wait
         try:
             async with asyncio.timeout(wait):
-                await d.transfer_leader(to)
+                await d.transfer_leader(b.replica_of(to))
         except asyncio.TimeoutError:
             pass                                 # judged below, as a transfer that did not finish
         while loop.time() < deadline:
@@ -109,7 +109,7 @@ class AdminRpcs:
         """Why `to` does not lead after the wait: still behind (UNAVAILABLE) or not (TIMEOUT)."""
         d = b.driver
         if d.is_leader():
-            pr = d.raft_status().progress.get(to)
+            pr = d.raft_status().progress.get(b.replica_of(to))
             behind = d.status().last_index - pr.match if pr is not None else None
             if behind:
                 return Unavailable(f"node {to} is not caught up with group {gid} ({behind} entries behind "

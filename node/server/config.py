@@ -55,6 +55,8 @@ import tomllib
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Optional
 
+from ..cluster.slot_map import MAX_NODE_ID
+
 FSYNC_MODES = ("always", "batch", "never")
 CLUSTER_STATES = ("new", "existing")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -241,7 +243,8 @@ def build(values: dict) -> NodeConfig:
     if missing:
         raise ConfigError("missing required setting(s): " + ", ".join("--" + n.replace("_", "-") for n in missing))
     v = dict(values)
-    v["id"] = _int(v["id"], "id", 1, (1 << 63) - 1)
+    # A data group's replica ids keep the node id in their low bits (cluster/slot_map.py).
+    v["id"] = _int(v["id"], "id", 1, MAX_NODE_ID)
     v["cluster_id"] = str(v["cluster_id"])
     if not 1 <= len(v["cluster_id"].encode()) <= 128 or "\x00" in v["cluster_id"]:
         raise ConfigError("--cluster-id must be 1..128 bytes without NUL")

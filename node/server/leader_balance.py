@@ -74,7 +74,7 @@ class LeaderBalancer:
             if last is not None and now - last < self.cooldown_s:
                 continue
             d = b.driver
-            pr = d.raft_status().progress.get(pref)
+            pr = d.raft_status().progress.get(b.replica_of(pref))
             if pr is None or pr.is_learner or not pr.recent_active:
                 continue
             if d.status().last_index - pr.match > CATCH_UP_SLACK:
@@ -89,7 +89,8 @@ class LeaderBalancer:
             log.info("group %d: handing leadership to its preferred leader, node %d", gid, pref)
             try:
                 async with asyncio.timeout(TRANSFER_TIMEOUT_S):
-                    await self.backends[gid].driver.transfer_leader(pref)
+                    b = self.backends[gid]
+                    await b.driver.transfer_leader(b.replica_of(pref))
             except Exception as exc:  # noqa: BLE001 - a courtesy: the group works wherever its leader is
                 log.info("group %d: leadership transfer to node %d not started: %r", gid, pref, exc)
 

@@ -1,9 +1,11 @@
 """Membership on the node: the Raft groups follow the slot map (docs/sharding.md, "Membership").
 
-    MembershipRpcs        GroupMembership on a group's leader: its applied configuration and
-                          replicas' match indexes; with apply=true one conf change toward the
-                          wanted members (cluster/membership.next_conf_step). Group 0's wanted
-                          members come from the leader's own map (meta_members_wanted).
+    MembershipRpcs        GroupMembership on a group's leader: its applied configuration (node
+                          ids, and the Raft ids: a data group's replica ids, cluster/slot_map.py)
+                          and replicas' match indexes; with apply=true one conf change toward the
+                          wanted members, named by Raft id (cluster/membership.next_conf_step).
+                          Group 0's wanted members come from the leader's own map
+                          (meta_members_wanted); its Raft ids are node ids.
     MembershipReconciler  on the metadata group's leader: every group (0 included) whose Raft
                           configuration differs from the map's members gets GroupMembership
                           apply=true on its leader, round after round, until it answers done.
@@ -12,9 +14,11 @@
     MembershipFollower    on every node: the transport knows every node of the map that is not
                           REMOVED (and forgets REMOVED ones); a group that lists this node and
                           that it does not run is opened EMPTY (no bootstrap: the leader's
-                          snapshot fills it); a group that no longer lists it is closed and its
-                          directory deleted only once this node is out of the group's Raft
-                          configuration (its own applied one, or its leader's).
+                          snapshot fills it) as the replica the map names; a replica the map no
+                          longer names (the node left the group, or rejoined it as a newer
+                          replica) is closed and its directory deleted only once it is out of
+                          the group's Raft configuration (its own applied one, or its leader's),
+                          and only then is a newer replica of the group opened.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from ..cluster.membership import (ADD_LEARNER, CATCH_UP_ENTRIES, DEMOTE, LEAVE_J
 from ..cluster.changes import encode_change
 from ..cluster.meta_machine import META_GROUP_ID
 from ..cluster.rebalance import plan_add_node, plan_remove_node
-from ..cluster.slot_map import NodeSpec, NodeState, SlotMap, SlotMapError
+from ..cluster.slot_map import NodeSpec, NodeState, SlotMap, SlotMapError, node_of_replica
 from ..raft.types import ConfChangeError, ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2
 from ..runtime.driver_api import DriverError
 from .config import NodeAddresses
@@ -98,7 +102,7 @@ class MembershipRpcs:
             return pb.GroupMembershipResponse(leader_grpc=others[0]) if others else \
                 pb.GroupMembershipResponse(unavailable="no replica of group %d known" % gid)
         if not d.is_leader():
-            lead = d.status().leader_id
+            lead = node_of_replica(d.status().leader_id)
             spec = m.nodes.get(lead)
             if spec is None or lead == self.node.cfg.id:
                 return pb.GroupMembershipResponse(unavailable="group %d has no known leader" % gid)
@@ -148,17 +152,25 @@ class MembershipRpcs:
 
     @staticmethod
     def _status(d) -> tuple:
+        """The response's status fields, the Conf (Raft ids) and the caught-up learners."""
         cs = d.conf_state
         st = d.status()
         conf = Conf(tuple(cs.voters), tuple(cs.learners), tuple(cs.voters_outgoing), cs.auto_leave)
-        out = pb.GroupMembershipResponse(leader=st.node_id, voters=cs.voters, learners=cs.learners,
-                                         voters_outgoing=cs.voters_outgoing, last_index=st.last_index)
+        nodes = lambda ids: [node_of_replica(r) for r in ids]       # noqa: E731
+        out = pb.GroupMembershipResponse(leader=node_of_replica(st.node_id), voters=nodes(cs.voters),
+                                         learners=nodes(cs.learners), voters_outgoing=nodes(cs.voters_outgoing),
+                                         last_index=st.last_index, leader_replica=st.node_id,
+                                         replica_voters=cs.voters, replica_learners=cs.learners,
+                                         replica_voters_outgoing=cs.voters_outgoing)
         caught_up = set()
-        for nid, pr in sorted(d.raft_status().progress.items()):
-            match = st.last_index if nid == st.node_id else pr.match
-            out.progress.add(node_id=nid, match=match, learner=pr.is_learner, recent_active=pr.recent_active)
+        # By node, a node's newest replica first (one leaving while its successor joins: the
+        # successor is the one a reader of node ids means).
+        for rid, pr in sorted(d.raft_status().progress.items(), key=lambda kv: (node_of_replica(kv[0]), -kv[0])):
+            match = st.last_index if rid == st.node_id else pr.match
+            out.progress.add(node_id=node_of_replica(rid), match=match, learner=pr.is_learner,
+                             recent_active=pr.recent_active, replica_id=rid)
             if pr.is_learner and match + CATCH_UP_ENTRIES >= st.last_index:
-                caught_up.add(nid)
+                caught_up.add(rid)
         return out, conf, frozenset(caught_up)
 
 
@@ -276,34 +288,43 @@ class MembershipFollower:
 
     async def sync_groups(self) -> None:
         node, m, me = self.node, self.node.layout, self.node.cfg.id
-        for gid in m.groups_of_node(me):
-            if gid not in node.backends:
-                log.warning("node %d: joining group %d (empty: the leader's snapshot fills it)", me, gid)
-                await node.open_data_group(gid, bootstrap=())
+        # Replicas the map no longer names first: a node rejoining a group it has not closed
+        # yet opens the new replica only once the old one is out (one replica per group here).
         for gid in sorted(node.backends):
             spec = m.groups.get(gid)
-            if spec is not None and me in spec.replicas:
+            d = group_driver(node, gid)
+            hosted = d.node_id if d is not None else me
+            if spec is not None and me in spec.replicas and spec.replica_id(me) == hosted:
                 continue
-            if await self._out_of_group(gid):
-                log.warning("node %d: out of group %d's configuration: closing it, deleting its data", me, gid)
+            if await self._out_of_group(gid, hosted):
+                log.warning("node %d: replica %d is out of group %d's configuration: closing it, deleting "
+                            "its data", me, hosted, gid)
                 await node.close_data_group(gid)
+        for gid in m.groups_of_node(me):
+            if gid not in node.backends:
+                rid = m.groups[gid].replica_id(me)
+                log.warning("node %d: joining group %d as replica %d (empty: the leader's snapshot fills it)",
+                            me, gid, rid)
+                await node.open_data_group(gid, bootstrap=(), replica=rid)
 
-    async def _out_of_group(self, gid: int) -> bool:
-        """This node is in none of the group's voter or learner sets: its own applied
-        configuration says so, or the group's leader does."""
-        me = self.node.cfg.id
+    async def _out_of_group(self, gid: int, hosted: int) -> bool:
+        """Replica `hosted` (a Raft id) is in none of the group's voter or learner sets: its
+        own applied configuration says so, or the group's leader does."""
         d = group_driver(self.node, gid)
         if d is not None and d.failed is None:
             cs = d.conf_state
-            if me not in set(cs.voters) | set(cs.learners) | set(cs.voters_outgoing):
+            if hosted not in set(cs.voters) | set(cs.learners) | set(cs.voters_outgoing):
                 return True
         try:
             r = await self.calls.call(gid, False)
         except (MoveStepUnavailable, MoveStepRefused):
             return False
-        if r.leader == me:
+        if not r.replica_voters:
+            # A leader that predates replica ids (a group always has a voter): its ids are node ids.
+            return r.leader != hosted and hosted not in set(r.voters) | set(r.learners) | set(r.voters_outgoing)
+        if r.leader_replica == hosted:
             return False
-        return me not in set(r.voters) | set(r.learners) | set(r.voters_outgoing)
+        return hosted not in set(r.replica_voters) | set(r.replica_learners) | set(r.replica_voters_outgoing)
 
 
 def members_of(slot_map: Optional[SlotMap]) -> dict:

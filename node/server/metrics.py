@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Optional
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from ..cluster.slot_map import node_of_replica
 from ..engine.stream import Stream
 from ..raft.types import StateRole
 from .backend import split_address
@@ -113,14 +114,14 @@ class NodeCollector:
             term.add_metric(lg, st.term)
             for r, name in ROLES.items():
                 role.add_metric(lg + [name], 1 if st.role == r else 0)
-            leader.add_metric(lg, st.leader_id)
+            leader.add_metric(lg, node_of_replica(st.leader_id))
             for name, value in (("commit", st.commit), ("applied", st.applied), ("last", st.last_index),
                                 ("snapshot", st.snapshot_index)):
                 index[name].add_metric(lg, value)
             if st.role == StateRole.LEADER:
                 for peer, pr in sorted(d.raft_status().progress.items()):
-                    if peer != self.node_id:
-                        lag.add_metric(lg + [str(peer)], max(0, st.last_index - pr.match))
+                    if node_of_replica(peer) != self.node_id:
+                        lag.add_metric(lg + [str(node_of_replica(peer))], max(0, st.last_index - pr.match))
             inflight.add_metric(lg, st.inflight_proposals)
             for outcome in PROPOSAL_OUTCOMES:
                 outcomes.add_metric(lg + [outcome], b.outcomes[outcome])

@@ -67,7 +67,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from ...proto.v1 import client_pb2, client_pb2_grpc, peer_pb2
-from ..cluster.slot_map import SlotMap
+from ..cluster.slot_map import SlotMap, generation_of_replica, replica_id
 from ..engine.commands import COMMANDS
 from ..fsm.slot_owner import OwnedSlots
 from ..raft.types import StateRole
@@ -122,8 +122,22 @@ def _read_token(path: str) -> str:
     return token
 
 
-def group_dir(cfg: NodeConfig, group_id: int = GROUP_ID) -> str:
-    return os.path.join(cfg.data_dir, "group-%d" % group_id)
+def group_dir(cfg: NodeConfig, group_id: int = GROUP_ID, generation: int = 0) -> str:
+    """A group's directory; a replica of a later generation (this node rejoined the group,
+    cluster/slot_map.py) has its own, so a new replica never starts from an old one's log."""
+    name = "group-%d" % group_id if generation == 0 else "group-%d.g%d" % (group_id, generation)
+    return os.path.join(cfg.data_dir, name)
+
+
+def generations_on_disk(cfg: NodeConfig, group_id: int) -> list:
+    """The generations of group_id's replicas with a directory here, ascending."""
+    try:
+        names = set(os.listdir(cfg.data_dir))
+    except FileNotFoundError:
+        return []
+    prefix = "group-%d.g" % group_id
+    gens = [int(n[len(prefix):]) for n in names if n.startswith(prefix) and n[len(prefix):].isdigit()]
+    return sorted(gens + ([0] if "group-%d" % group_id in names else []))
 
 
 def warn_unauthenticated(cfg: NodeConfig, token: Optional[str]) -> None:
@@ -210,16 +224,26 @@ class Node:
         self.follower.on_map(self.layout)            # peers added since the founding map
         # The groups the map gives this node, and those it still holds on disk (it leaves them
         # only once out of their Raft configuration: MembershipFollower).
-        hosted = set(self.layout.groups_of_node(cfg.id)) | {
-            gid for gid in self.layout.groups if os.path.isdir(group_dir(cfg, gid))}
-        for gid in sorted(hosted):
+        for gid in sorted(self.layout.groups):
+            # The replica on disk (the newest generation: an older one's directory is what
+            # an interrupted close left, as a new replica opens only once the old one closed),
+            # else the one the map wants here.
+            gens = generations_on_disk(cfg, gid)
+            for old in gens[:-1]:
+                shutil.rmtree(group_dir(cfg, gid, old), ignore_errors=True)
+            if gens:
+                rid = replica_id(cfg.id, gens[-1])
+            elif cfg.id in self.layout.groups[gid].replicas:
+                rid = self.layout.groups[gid].replica_id(cfg.id)
+            else:
+                continue
             # The group's voters are written only on a founding start (data_dir.py), for the
             # founding map's groups; otherwise its configuration comes from its own log and
             # snapshot, or (a group joined later) from the leader's snapshot.
             spec = self.founding.groups.get(gid)
-            member = spec is not None and cfg.id in spec.replicas
+            member = spec is not None and cfg.id in spec.replicas and rid == cfg.id
             await self.open_data_group(gid, spec.voters if member and self.data.bootstrap else (),
-                                       founding_member=member)
+                                       founding_member=member, replica=rid)
         self.data.mark_bootstrapped()
         if cfg.groups == 1 and not cfg.join and GROUP_ID in self.backends:
             self.backend = self.backends[GROUP_ID]    # exactly the one-group node of before
@@ -296,9 +320,12 @@ class Node:
         except OSError as exc:
             raise StartError(f"cannot listen on --metrics {self.cfg.metrics}: {exc}") from None
 
-    async def open_data_group(self, gid: int, bootstrap: tuple = (), founding_member: bool = False) -> RaftBackend:
-        """Start replicating data group `gid` (its dir's state, else empty; `bootstrap`: the
+    async def open_data_group(self, gid: int, bootstrap: tuple = (), founding_member: bool = False,
+                              replica: Optional[int] = None) -> RaftBackend:
+        """Start replicating data group `gid` as Raft member `replica` (default: the node id,
+        generation 0) from its generation's dir (its state, else empty; `bootstrap`: the
         founding voters, written only into an empty dir)."""
+        replica = self.cfg.id if replica is None else replica
         cfg, election_s = self.cfg, self._election_s
         # A replica added later owns nothing until its leader's snapshot says what it owns; a
         # founding one starts from the founding ranges (its own snapshot and log then apply).
@@ -314,7 +341,8 @@ class Node:
         self.transport.add_clock_listener(b.cap_time_by_group)
         b.add_failure_listener(lambda exc, gid=gid: self._on_group_failed(gid, exc))
         b.add_role_listener(self._update_health)
-        driver = await self.mr.add_group(gid, group_dir(cfg, gid), b.machine, bootstrap_voters=bootstrap)
+        driver = await self.mr.add_group(gid, group_dir(cfg, gid, generation_of_replica(replica)), b.machine,
+                                         bootstrap_voters=bootstrap, replica_id=replica)
         b.attach(driver)
         self.backends[gid] = b
         if isinstance(self.backend, ShardedBackend):
@@ -328,9 +356,11 @@ class Node:
             return
         if isinstance(self.backend, ShardedBackend):
             self.backend.remove_group(gid)
+        generation = generation_of_replica(b.driver.node_id) if b.driver is not None else 0
         await b.close()
         await self.mr.remove_group(gid)
-        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, group_dir(self.cfg, gid), True)
+        await asyncio.get_running_loop().run_in_executor(None, shutil.rmtree,
+                                                         group_dir(self.cfg, gid, generation), True)
         self._update_health()
 
     def learn_address(self, nid: int, a: NodeAddresses) -> None:
@@ -450,7 +480,7 @@ class Node:
             return
         progress = d.raft_status().progress
         candidates = [(pr.match, nid) for nid, pr in progress.items()
-                      if nid != self.cfg.id and not pr.is_learner and pr.recent_active]
+                      if nid != d.node_id and not pr.is_learner and pr.recent_active]
         if not candidates:
             return
         _, target = max(candidates)
@@ -465,9 +495,9 @@ class Node:
         # Until we follow a known successor (one round trip after stepping down): the
         # redirects our blocked clients get must name it.
         r = d.rn.raft
-        while loop.time() < deadline and (r.state == StateRole.LEADER or r.lead in (0, self.cfg.id)):
+        while loop.time() < deadline and (r.state == StateRole.LEADER or r.lead in (0, d.node_id)):
             await asyncio.sleep(0.02)
-        log.info("group %d: leadership %s to node %d", b.group_id,
+        log.info("group %d: leadership %s to replica %d", b.group_id,
                  "handed" if d.rn.raft.state != StateRole.LEADER else "NOT handed", target)
 
 

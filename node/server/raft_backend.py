@@ -92,6 +92,7 @@ from typing import Callable, Optional, Sequence
 from ..engine.keyspace import EngineConfig
 from ..engine.slots import SLOT_COUNT
 from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, Record, encode_record
+from ..cluster.slot_map import node_of_replica
 from ..fsm.resolve import TimeStamper
 from ..fsm.slot_owner import OwnedSlots
 from ..fsm.state_machine import StateMachine
@@ -446,15 +447,26 @@ class RaftBackend(Backend):
 
     # -- addresses ------------------------------------------------------------------------
     def _resp_of(self, raft_id: int) -> Optional[str]:
-        a = self.addresses.get(raft_id)
+        a = self.addresses.get(node_of_replica(raft_id))
         return a.resp if a is not None else None
 
     def _grpc_of(self, raft_id: int) -> Optional[str]:
-        a = self.addresses.get(raft_id)
+        a = self.addresses.get(node_of_replica(raft_id))
         return a.grpc if a is not None else None
 
     def leader_id(self) -> int:
-        return self._raw_view()[1]
+        """The NODE of the leader this replica knows (0: none); Raft knows it by replica id."""
+        return node_of_replica(self._raw_view()[1])
+
+    def replica_of(self, node_id: int) -> int:
+        """The Raft id of node_id's replica in this group's configuration (the newest if the
+        node has two while one of them leaves), else node_id itself (cluster/slot_map.py)."""
+        d = self.driver
+        if d is None:
+            return node_id
+        cs = d.conf_state
+        ids = set(cs.voters) | set(cs.learners) | set(cs.voters_outgoing) | set(d.raft_status().progress)
+        return max((r for r in ids if node_of_replica(r) == node_id), default=node_id)
 
     def leader_grpc_address(self) -> Optional[str]:
         """The leader's gRPC address (for the gRPC front end's redirects)."""
@@ -462,7 +474,7 @@ class RaftBackend(Backend):
         return self._grpc_of(lead) if lead else None
 
     def _not_leader(self, lead: Optional[int] = None) -> NotLeader:
-        lead = self.leader_id() if lead is None else lead
+        lead = self.leader_id() if lead is None else node_of_replica(lead)
         exc = NotLeader(self._resp_of(lead) if lead else None)
         exc.grpc_address = self._grpc_of(lead) if lead else None
         exc.leader_id = lead
@@ -519,7 +531,7 @@ class RaftBackend(Backend):
     def leader_term(self) -> tuple:
         """(leader id, term) as this replica knows them; (0, term) while none is known."""
         _, lead, term = self._raw_view()
-        return lead, term
+        return node_of_replica(lead), term
 
     def shard(self, slot_ranges: tuple, fallback_leader: int = 0) -> Optional[Shard]:
         """The group as one Shard over `slot_ranges`: the leader (master) first, then the
@@ -530,8 +542,9 @@ class RaftBackend(Backend):
         if not leader_resp:
             return None                   # no leader known: no slot is served
         d = self.driver
-        progress = d.raft_status().progress if self.is_leader() else {}
-        voters = sorted(set(d.conf_state.voters) | {lead})
+        # Raft's ids are replica ids: the shard lists nodes.
+        progress = {node_of_replica(r): pr for r, pr in d.raft_status().progress.items()} if self.is_leader() else {}
+        voters = sorted({node_of_replica(v) for v in d.conf_state.voters} | {lead})
         nodes = []
         for nid in [lead] + [v for v in voters if v != lead]:
             resp = self._resp_of(nid)
@@ -559,7 +572,7 @@ class RaftBackend(Backend):
             "raft_node_id": self.raft_id,
             "raft_group_id": st.group_id,
             "raft_role": ROLE_NAMES.get(st.role, "follower"),
-            "raft_leader_id": st.leader_id,
+            "raft_leader_id": node_of_replica(st.leader_id),
             "raft_leader": self._resp_of(st.leader_id) or "" if st.leader_id else "",
             "raft_leader_grpc": self._grpc_of(st.leader_id) or "" if st.leader_id else "",
             "raft_term": st.term,
@@ -567,7 +580,7 @@ class RaftBackend(Backend):
             "raft_applied_index": st.applied,
             "raft_snapshot_index": st.snapshot_index,
             "raft_last_index": st.last_index,
-            "raft_voters": ",".join(str(v) for v in st.conf_state.voters),
+            "raft_voters": ",".join(str(node_of_replica(v)) for v in st.conf_state.voters),
             "raft_writable": int(self._writable()),
             "raft_inflight_proposals": st.inflight_proposals,
             "raft_records": self.records,

@@ -187,7 +187,8 @@ def test_add_resumes_after_kill_9_of_the_cli_and_the_meta_leader(cluster_factory
     """The CLI dies (SIGKILL, a failpoint) right after its first AddLearner applied, then the
     metadata leader (whose reconciler drives the Raft side) is killed -9 and restarted: the
     same command run again resumes from the map and finishes, node 4 holds its groups' data.
-    Then node 3, alive, is removed: it leaves every group and deletes their data itself."""
+    Then node 3, alive, is removed: it leaves every group and deletes their data itself, and every
+    group has 3 replicas again (a node that left a group when 4 came in rejoins it as a new replica)."""
     cluster, seed, _, quiet, n4 = _start(cluster_factory)
     add = ["node", "add", "--id", "4", "--grpc", n4.grpc, "--resp", n4.resp, "--json"]
     cluster.env["XRAFTCTL_FAILPOINT"] = "node.after_add_learner"
@@ -230,9 +231,20 @@ def test_add_resumes_after_kill_9_of_the_cli_and_the_meta_leader(cluster_factory
     assert {n["id"]: n["state"] for n in m["nodes"]}[3] == "removed"
     raw = json.loads(_map_json(cluster, seed))
     for g in raw["groups"]:
-        assert 3 not in g["voters"] and not g["learners"], raw
-        # 3 replicas again, unless every other UP node once left that group (Raft takes no id back)
-        assert len(g["voters"]) == 3 or not {1, 2, 4} - set(g["voters"]) - set(g.get("left", ())), raw
+        # 3 replicas again: a node that left a group rejoins it as a new replica (a new Raft id)
+        assert 3 not in g["voters"] and not g["learners"] and len(g["voters"]) == 3, raw
+    # With 3 groups on 4 nodes some node left a group when 4 came in and rejoined it now: it
+    # holds the group's data again, in a fresh directory of its new generation.
+    rejoined = [(g["id"], n, gen) for g in raw["groups"] for n, gen in g.get("generations", ())]
+    assert rejoined, raw
+    for gid, n, gen in rejoined:
+        assert n in next(g for g in raw["groups"] if g["id"] == gid)["voters"], raw
+        assert os.path.isdir(os.path.join(cluster.nodes[n].data_dir, "group-%d.g%d" % (gid, gen)))
+        assert not os.path.exists(os.path.join(cluster.nodes[n].data_dir, "group-%d" % gid))
+        other = cluster.nodes[next(v for v in next(g for g in raw["groups"] if g["id"] == gid)["voters"]
+                                   if v != n)]
+        wait_until(lambda: node_state(cluster.nodes[n], quiet[gid]) == node_state(other, quiet[gid]), 60,
+                   "rejoined node %d's streams of group %d identical to node %d's" % (n, gid, other.id))
 
 
 def _meta_leader(seed) -> int:

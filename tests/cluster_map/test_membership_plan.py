@@ -121,27 +121,73 @@ def test_meta_then_steps_reach_it():
 
 
 @pytest.mark.parametrize("groups", [2, 3, 4, 6])
-def test_add_then_remove_never_puts_a_node_back_into_a_group_it_left(groups):
-    """Raft refuses an id back into a group it left (ConfState.removed); RemoveReplica records
-    it in the group's `left`, AddLearner refuses it and the planners avoid it."""
-    from xraft.node.cluster.changes import AddLearner, apply_change
+def test_add_then_remove_rejoins_a_node_as_a_new_replica(groups):
+    """Raft refuses an id back into a group it left (ConfState.removed): a node that left a group
+    and is planned back into it rejoins as its next generation, a replica id the group never had,
+    so add-then-remove on 4 nodes ends with 3 replicas in every group."""
+    from xraft.node.cluster.changes import apply_change
     from xraft.node.cluster.rebalance import plan_add_node, plan_remove_node
-    from xraft.node.cluster.slot_map import SlotMapError
+    from xraft.node.cluster.slot_map import node_of_replica
     nodes = {n: NodeSpec(n, "h:%d" % (7000 + n), "h:%d" % (6000 + n)) for n in (1, 2, 3)}
     m = initial_layout(nodes, groups, 3)
+    ever = {gid: {g.replica_id(n) for n in g.replicas} for gid, g in m.groups.items()}
     for c in plan_add_node(m, NodeSpec(4, "h:7004", "h:6004")):
         m = apply_change(m, c)
+        for gid, g in m.groups.items():
+            ever[gid] |= {g.replica_id(n) for n in g.replicas}
     assert SlotMap.decode(m.encode()) == m
+    rejoined = []
     for c in plan_remove_node(m, 1):
-        if c.kind == "add_learner":
-            assert c.node_id not in m.groups[c.group_id].left
+        before = m.groups.get(getattr(c, "group_id", None))
         m = apply_change(m, c)
+        if c.kind == "add_learner":
+            rid = m.groups[c.group_id].replica_id(c.node_id)
+            assert node_of_replica(rid) == c.node_id
+            if c.node_id in before.left:
+                rejoined.append((c.group_id, c.node_id))
+                assert rid not in ever[c.group_id] and rid != c.node_id        # a new replica id
+                assert c.node_id not in m.groups[c.group_id].left
+            ever[c.group_id].add(rid)
     assert m.nodes[1].state is NodeState.REMOVED and not m.groups_of_node(1)
-    back = [(g.group_id, n) for g in m.groups.values() for n in g.left if m.nodes[n].state is NodeState.UP]
-    assert back or groups == 2       # with 2 groups only node 1 ever left one
-    for gid, n in back:
-        with pytest.raises(SlotMapError, match="left group"):
-            apply_change(m, AddLearner(m.epoch, gid, n))
+    assert all(len(g.replicas) == 3 and not g.learners for g in m.groups.values()), m.groups
+    assert rejoined or groups == 2       # with 2 groups only node 1 ever left one
+    again = SlotMap.decode(m.encode())
+    assert again == m and all(again.groups[gid].replica_id(n) == g.replica_id(n)
+                              for gid, g in m.groups.items() for n in g.replicas)
+
+
+def test_replica_ids_and_generations_encode_compatibly():
+    """A map without generations encodes as before (replica id == node id); a rejoin records
+    the generation, and a node that left and rejoins twice gets a third distinct id."""
+    from xraft.node.cluster.changes import AddLearner, PromoteLearner, RemoveReplica, apply_change
+    from xraft.node.cluster.slot_map import MAX_NODE_ID, SlotMapError, generation_of_replica, node_of_replica
+    nodes = {n: NodeSpec(n, "h:%d" % (7000 + n), "h:%d" % (6000 + n)) for n in (1, 2, 3, 4)}
+    m = initial_layout({n: nodes[n] for n in (1, 2, 3)}, 1, 3).with_node(nodes[4])
+    assert b"generations" not in m.encode() and m.groups[1].replica_id(2) == 2
+    ids = set()
+    for _ in range(3):
+        g = m.groups[1]
+        if 2 not in g.replicas:
+            m = apply_change(m, AddLearner(m.epoch, 1, 2))
+            m = apply_change(m, PromoteLearner(m.epoch, 1, 2))
+        ids.add(m.groups[1].replica_id(2))
+        assert node_of_replica(m.groups[1].replica_id(2)) == 2
+        pref = m.groups[1].preferred_leader
+        if pref == 2:
+            from xraft.node.cluster.changes import SetPreferredLeader
+            m = apply_change(m, SetPreferredLeader(m.epoch, 1, 1))
+        m = apply_change(m, RemoveReplica(m.epoch, 1, 2))
+        assert m.groups[1].left == (2,)
+    assert len(ids) == 3 and {generation_of_replica(r) for r in ids} == {0, 1, 2}
+    assert b'"generations":[[2,2]]' in m.encode() and SlotMap.decode(m.encode()) == m
+    bad = m.encode().replace(b'"generations":[[2,2]]', b'"generations":[[3,0]]')
+    with pytest.raises(SlotMapError, match="generations"):
+        SlotMap.decode(bad)
+    bad = m.encode().replace(b'"generations":[[2,2]]', b'"generations":[[9,1]]')
+    with pytest.raises(SlotMapError, match="generations"):
+        SlotMap.decode(bad)
+    with pytest.raises(SlotMapError, match="NodeSpec"):
+        m.with_node(NodeSpec(MAX_NODE_ID + 1, "h:1", ""))
 
 
 @pytest.mark.parametrize("groups", [2, 3, 6])
@@ -178,9 +224,7 @@ def test_a_plan_made_again_after_any_prefix_finishes_the_same_way(groups):
             r = run(r, lambda mm: plan_remove_node(mm, 1)
                     if mm.nodes[1].state is not NodeState.REMOVED else [])
             assert r.nodes[1].state is NodeState.REMOVED
-            # never more replicas than before, no learner left behind; fewer only where every
-            # candidate node already left that group (Raft takes no id back)
+            # the replication factor everywhere (a node that left a group rejoins it as a new
+            # replica), no learner left behind
             for g in r.groups.values():
-                assert len(g.replicas) <= 3 and not g.learners, (k, j, r.groups)
-                if len(g.replicas) < 3:
-                    assert not {2, 3, 4} - set(g.replicas) - set(g.left), (k, j, r.groups)
+                assert len(g.replicas) == 3 and not g.learners, (k, j, r.groups)

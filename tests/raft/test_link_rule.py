@@ -37,3 +37,16 @@ def test_forwarded_kinds_are_requests_without_authority():
 @pytest.mark.parametrize("t", sorted(LOCAL_MESSAGES), ids=lambda t: t.name)
 def test_local_messages_never_cross_a_link(t):
     assert "local-only" in link_violation(Message(t, to=3, frm=2), 2, 3)
+
+
+def test_replica_ids_are_judged_by_their_node():
+    """A data group's members have replica ids (cluster/slot_map.py): the link of node 2 -> 3 may
+    carry messages from any replica on node 2 to any replica on node 3, and nothing else."""
+    from xraft.node.cluster.slot_map import node_of_replica, replica_id
+    r2, r3 = replica_id(2, 1), replica_id(3, 4)
+    assert link_violation(Message(MT.APP, to=r3, frm=r2), 2, 3, node_of_replica) is None
+    assert link_violation(Message(MT.APP, to=3, frm=2), 2, 3, node_of_replica) is None      # generation 0
+    assert "on a link to 3" in link_violation(Message(MT.APP, to=replica_id(1, 4), frm=r2), 2, 3, node_of_replica)
+    assert "on the link of node 2" in link_violation(Message(MT.APP, to=r3, frm=replica_id(1, 1)), 2, 3,
+                                                     node_of_replica)
+    assert "on a link to 3" in link_violation(Message(MT.APP, to=r3, frm=r2), 2, 3)          # ids compared as is

@@ -423,3 +423,38 @@ def test_followers_learn_the_commit_without_more_writes(tmp_path, run):
         finally:
             await c.close()
     run(main())
+
+
+def test_a_group_of_replica_ids_runs_over_node_links(tmp_path, run):
+    """Members with replica ids of their own (cluster/slot_map.py: generation << 40 | node) elect,
+    replicate and converge over links between NODES; a message for another replica of a group
+    a node hosts (an older or newer one) is dropped and counted, never stepped into ours."""
+    from xraft.node.cluster.slot_map import replica_id
+
+    async def main():
+        c = Cluster(tmp_path)
+        members = tuple(replica_id(n, n) for n in c.ids)            # generations 1, 2, 3
+        for nid in c.ids:
+            mr = MultiRaft(nid, LocalTransport(c.net, nid), MultiRaftOptions(tick_interval_s=c.tick, group=c.opts))
+            await mr.start()
+            sm = c.sms[(nid, 1)] = c.sm_factory()
+            await mr.add_group(1, c.dir(nid, 1), sm, bootstrap_voters=members, replica_id=replica_id(nid, nid))
+            c.nodes[nid] = mr
+        try:
+            with pytest.raises(ValueError, match="not on node 1"):
+                await c.nodes[1].add_group(2, c.dir(1, 2), c.sm_factory(), replica_id=replica_id(2, 1))
+            leader = await c.wait_leader()
+            assert leader.node_id in members and leader.status().leader_id == leader.node_id
+            await leader.propose(b"a=1", 5)
+            await c.wait_converged()
+            assert set(leader.raft_status().progress) == set(members)
+            mr = c.nodes[1]
+            before = mr.stats.unknown_group_messages
+            other = next(n for n in c.ids if n != 1)
+            stale = Message(MT.HEARTBEAT, to=replica_id(1, 7), frm=replica_id(other, other), term=1)
+            assert c.nodes[other].transport.send(1, [(1, stale)])
+            await c.wait_for(lambda: mr.stats.unknown_group_messages > before, 5, "the stray message counted")
+            assert c.g(1).status().term >= 1 and c.g(1).failed is None
+        finally:
+            await c.close()
+    run(main())

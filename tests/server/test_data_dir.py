@@ -97,3 +97,20 @@ def test_the_data_dir_is_locked(tmp_path):
     with pytest.raises(StartError, match="in use by another process"):
         open_data_dir(cfg(tmp_path, "new"), group(tmp_path))
     dd.close()
+
+
+def test_each_generation_of_a_groups_replica_has_its_own_directory(tmp_path):
+    """A node that rejoins a group does so as a new replica (cluster/slot_map.py generations): its
+    directory is a fresh one, never the old replica's log; generation 0 keeps group-G."""
+    from xraft.node.server.config import ConfigError
+    from xraft.node.server.node_main import generations_on_disk, group_dir
+    c = cfg(tmp_path)
+    assert group_dir(c, 3) == str(tmp_path / "d" / "group-3")
+    assert group_dir(c, 3, 2) == str(tmp_path / "d" / "group-3.g2")
+    assert generations_on_disk(c, 3) == []
+    for name in ("group-3", "group-3.g2", "group-3.g10", "group-33", "group-3.gx", "group-0"):
+        os.makedirs(tmp_path / "d" / name)
+    assert generations_on_disk(c, 3) == [0, 2, 10]
+    assert generations_on_disk(c, 33) == [0]
+    with pytest.raises(ConfigError):
+        cfg(tmp_path, node=1 << 40)           # replica ids keep the node id in 40 bits
