@@ -107,8 +107,11 @@ class Members:
             cluster = lc.load(self.dir)
             node = nh.spare_node(self.dir, node_id, join=seed)
             cluster.nodes.append(node)
-            lc.start_and_wait(cluster, [node], [], START_TIMEOUT_S, lambda _m: None, False, start=nh.start_node)
-            lc.save(cluster)
+            try:
+                lc.start_and_wait(cluster, [node], [], START_TIMEOUT_S, lambda _m: None, False,
+                                  start=nh.start_node)
+            finally:
+                lc.save(cluster)   # recorded even if it did not come up in time: heal restarts it
         self._mark(node_id)
         self.pending = ("add", node_id)
         return f"node {node_id} started with --join {seed}; node add {node_id}"
@@ -155,10 +158,14 @@ class Members:
             if not any(n.id == row["id"] for n in cluster.nodes):
                 cluster.nodes.append(nh.spare_node(self.dir, row["id"], join=seed))
             node = cluster.node(row["id"])
-            if not lc.is_alive(cluster, node):
-                lc.start_and_wait(cluster, [node], [], START_TIMEOUT_S, lambda _m: None, False,
-                                  start=nh.start_node)
-            lc.save(cluster)
+            try:
+                if not lc.is_alive(cluster, node):
+                    lc.start_and_wait(cluster, [node], [], START_TIMEOUT_S, lambda _m: None, False,
+                                      start=nh.start_node)
+            finally:
+                # hosts.json already lists it: cluster.json must too, even when the start timed
+                # out (a member soak's final heal once failed on "no node 8" after exactly that).
+                lc.save(cluster)
         return row["id"]
 
     def _move(self, conn: Connection, planned, wait_s: float) -> dict:
