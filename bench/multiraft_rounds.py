@@ -15,7 +15,8 @@ Printed per G: proposals/s, rounds (leader Readies that synced) per proposal, an
 process CPU (time.process_time: all three nodes, the executor threads' fsyncs included)
 per proposal and per round. On a shared machine the wall rates vary with load; CPU per
 proposal does much less. --profile FILE writes a cProfile of the LAST group count's
-measurement (the loop thread: every node's Python work runs there).
+measurement, in CPU time of the loop thread (every node's Python work runs there; the
+executor threads' writes and fsyncs are not in it).
 """
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ def main() -> int:
     import uvloop
     rows = []
     for i, g in enumerate(counts):
-        prof = cProfile.Profile() if args.profile and i == len(counts) - 1 else None
+        prof = cProfile.Profile(time.thread_time) if args.profile and i == len(counts) - 1 else None
         row = uvloop.run(measure(args.dir or tempfile.gettempdir(), g, args.seconds, args.in_flight,
                                  args.entry_bytes, prof, FsyncPolicy(args.fsync)))
         rows.append(row)
