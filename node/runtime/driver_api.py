@@ -106,12 +106,9 @@ class DriverHost(Protocol):
     def mark_dirty(self, driver: "GroupDriver") -> None:
         ...
 
-    # Optional (MultiRaft has all three): `inline_sync_bytes` (int; 0 = never sync on the
-    # loop thread), `run_now()` (pump the marked groups and send, from a loop
-    # callback) and `persist_later(driver, ready)` (take the Ready's storage job into
-    # the node's one job of this iteration, multiraft.py "One storage job per
-    # iteration"); a host without them gets one executor job per Ready and the next
-    # loop pass.
+    # Optional (MultiRaft has both): `inline_sync_bytes` (int; 0 = never sync on the
+    # loop thread) and `run_now()` (pump the marked groups and send, from a loop
+    # callback); a host without them gets executor syncs and the next loop pass.
 
 
 # ---------------------------------------------------------------- options and stats

@@ -51,24 +51,6 @@ fsyncs run in a thread pool (io_threads), except small follower appends
 job at a time (see raft_driver.py: "busy"), which keeps per-group ordering;
 different groups sync in parallel.
 
-One storage job per iteration. Every Ready of an iteration that must be made durable
-in the executor (persist_later()) goes into ONE executor job, submitted at the end of
-the iteration before its messages are flushed (the worker writes while the loop sends
-the leaders' MsgApps): it writes every group's Ready into its own storage (snapshot,
-entries, hard state), then syncs each of those storages, and its end is ONE
-call_soon_threadsafe that finishes every group (persisted messages, apply, advance)
-and then runs ONE iteration for all of them. A sharded node under load has Readies of
-several groups in the same iteration (an envelope from a peer carries the appends of
-every group that peer leads; the acks of a node's led groups arrive together), and
-each of them paid a thread hop out and back, a loop wake-up, an iteration and a
-transport flush of its own: profiled on bench/multiraft_rounds.py, the executor
-submission alone was the largest item of a round. Ordering per group is the Ready
-contract's (a group's persisted messages leave after ITS sync returned, and a group
-has one job at a time); only groups of the same job wait for each other's syncs, and
-those mostly share a journal commit (written before the first fdatasync, the later
-fdatasyncs find their data on its way). Different iterations' jobs still run in
-parallel threads.
-
 Inline syncs only while the node leads no awake group. An inline fsync blocks the
 loop thread (0.5-5 ms on a shared disk), which costs nothing on a pure follower
 (the ack waits for the sync anyway) but stalls everything else on the loop. On a
@@ -98,7 +80,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..cluster.slot_map import node_of_replica
-from ..raft.types import Message, MessageType, Ready, StateRole
+from ..raft.types import Message, MessageType, StateRole
 from .disk_storage import DiskStorage
 from .liveness import LIVENESS_GROUP_ID, NodeLiveness
 from .raft_driver import GroupDriver, GroupOptions, StateMachine
@@ -154,8 +136,6 @@ class LoopStats:
     commits_held: int = 0  # commit-only appends held back (commit_hold_s)
     commits_superseded: int = 0  # ... and dropped: a later append to the peer carried more
     unknown_group_messages: int = 0
-    persist_jobs: int = 0  # executor jobs of persist_later() (one per iteration with any)
-    persist_readies: int = 0  # Readies in them (readies / jobs: groups sharing a job)
 
 
 def message_size(m: Message) -> int:
@@ -166,26 +146,6 @@ def message_size(m: Message) -> int:
     if m.snapshot is not None:
         n += len(m.snapshot.data) + 64 + 8 * len(m.snapshot.metadata.conf_state.voters)
     return n
-
-
-def _persist_all(items: list) -> list:
-    """Executor thread: one storage job for the Readies of several groups (each group's
-    storage is busy, so this thread owns it). Writes all, then syncs each written one:
-    the later fdatasyncs mostly find their data already in the first one's journal
-    commit. Returns each item's failure (None: durable); one group's failure is its own."""
-    errors: list = [None] * len(items)
-    for i, (g, rd) in enumerate(items):
-        try:
-            g.write_ready(rd)
-        except Exception as exc:
-            errors[i] = exc
-    for i, (g, _) in enumerate(items):
-        if errors[i] is None:
-            try:
-                g.sync_ready()
-            except Exception as exc:
-                errors[i] = exc
-    return errors
 
 
 def _is_last_snapshot_chunk(m: Message) -> bool:
@@ -220,8 +180,6 @@ class MultiRaft:
         self._tick_handle: Optional[asyncio.TimerHandle] = None
         self._crashed_exc: Optional[BaseException] = None
         self._iterating = False
-        # (group, Ready) storage jobs of this iteration, for its one executor job (persist_later).
-        self._to_persist: list[tuple[GroupDriver, Ready]] = []
         # Read by GroupDriver at each durable Ready: options.inline_sync_bytes while this node
         # leads no awake group, else 0 (see "Inline syncs only while the node leads no awake group"); set each tick.
         self.inline_sync_bytes = options.inline_sync_bytes
@@ -344,41 +302,6 @@ class MultiRaft:
             box = self._outbox[peer] = []
         box.append((group_id, m))
 
-    def persist_later(self, g: GroupDriver, rd: Ready) -> None:
-        """g (busy from now) needs rd written and synced in the executor: in this
-        iteration's one storage job (see "One storage job per iteration")."""
-        self._to_persist.append((g, rd))
-        if not self._iterating:  # not from a pump (none today): no iteration end to wait for
-            self._submit_persists()
-
-    def _submit_persists(self) -> None:
-        items, self._to_persist = self._to_persist, []
-        st = self.stats
-        st.persist_jobs += 1
-        st.persist_readies += len(items)
-        try:
-            job = self.executor.submit(_persist_all, items)
-        except RuntimeError as exc:  # the executor is shut down
-            for g, rd in items:
-                g.persisted(rd, exc)  # fail-stops the group and ends its busy state
-            return
-        loop = self.loop
-        job.add_done_callback(lambda j: loop.call_soon_threadsafe(self._persisted_all, items, j))
-
-    def _persisted_all(self, items: list, job) -> None:
-        """Loop thread: the shared storage job ended. Finish every group (each with its own
-        outcome), then one iteration for all of them (their queued work, their sends)."""
-        exc = job.exception()
-        errors = [exc] * len(items) if exc is not None else job.result()
-        nested = self._iterating  # run_now() inside on_idle/kick must not start one meanwhile
-        self._iterating = True
-        try:
-            for (g, rd), err in zip(items, errors):
-                g.persisted(rd, err)
-        finally:
-            self._iterating = nested
-        self.run_now()
-
     def mark_dirty(self, g: GroupDriver) -> None:
         self._dirty[g] = None
         self._wakeup()
@@ -499,8 +422,6 @@ class MultiRaft:
                 continue  # re-marked when its storage job completes
             st.pumps += 1
             g.pump()
-        if self._to_persist:
-            self._submit_persists()  # before the flush: the worker writes while we send
         if self._outbox:
             self._flush()
 

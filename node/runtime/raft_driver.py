@@ -230,7 +230,6 @@ class GroupDriver:
         # leads a group), so it is read at each Ready; a host without one never syncs inline.
         self._host_inline = hasattr(host, "inline_sync_bytes")
         self._host_run_now = getattr(host, "run_now", None)
-        self._host_persist = getattr(host, "persist_later", None)
         # fsync=batch's clock (monotonic ms, read from the executor too); a host (a test) may
         # supply now_ms(). The timer: see _arm_flush().
         self._now_ms: Callable[[], int] = getattr(host, "now_ms", None) or _monotonic_ms
@@ -606,13 +605,8 @@ class GroupDriver:
     def _start_persist(self, rd: Ready) -> None:
         """Hand the Ready's storage job to the executor now (no task, no loop hop): the
         worker thread starts writing while this loop thread goes on to send rd.messages.
-        Its end comes back as ONE call_soon_threadsafe straight into _persisted(). A host
-        with persist_later() (MultiRaft) takes the job into its one job of the iteration
-        instead, and calls persisted() when it ends."""
+        Its end comes back as ONE call_soon_threadsafe straight into _persisted()."""
         self.busy = True
-        if self._host_persist is not None:
-            self._host_persist(self, rd)
-            return
         try:
             job = self.host.executor.submit(self._persist, rd)
         except RuntimeError as exc:  # the executor is shut down
@@ -629,14 +623,7 @@ class GroupDriver:
         """Loop thread: the Ready is durable (or its job failed). Finish it and let the
         node loop pump this group at once: its inbound messages and proposals queued
         during the sync go into the next Ready without waiting for a loop wake-up."""
-        self.persisted(rd, job.exception())
-        self._run_host()
-
-    def persisted(self, rd: Ready, exc: Optional[BaseException]) -> None:
-        """Loop thread: the Ready's storage job ended (exc: how it failed, else None):
-        promise durability, apply, advance, and end the busy state (or start a snapshot,
-        which keeps it). Runs no node-loop iteration; the caller does (for all the groups
-        of a shared job at once)."""
+        exc = job.exception()
         if exc is None:
             self.stats.syncs += 1
             try:
@@ -645,11 +632,13 @@ class GroupDriver:
                 exc = e
             else:
                 if self._snapshot_due() and not self.host.closing:
-                    self._start(self._make_snapshot())  # the group stays busy
+                    self._start(self._make_snapshot())
+                    self._run_host()  # flush what _finish queued; the group stays busy
                     return
         if exc is not None:
             self.fail_stop(exc)
         self._job_ended()
+        self._run_host()
 
     def kick(self) -> None:
         """Let the node loop pump now what was just queued (proposals), when called from a
@@ -702,20 +691,10 @@ class GroupDriver:
         """Executor thread. Order per the Ready contract: snapshot, entries, hard state, fsync.
         The clock lets fsync=batch defer the fsync: acks, votes and applies then rest on
         written, not yet fsynced records, as --fsync batch documents (see _arm_flush())."""
-        self.write_ready(rd)
-        self.sync_ready()
-
-    def write_ready(self, rd: Ready) -> None:
-        """Executor thread, storage busy: _persist()'s first half (snapshot, entries, hard
-        state into the storage), without the sync."""
         st = self.storage
         if rd.snapshot is not None:
             st.apply_snapshot(rd.snapshot)
         st.save(rd.hard_state, rd.entries)
-
-    def sync_ready(self) -> None:
-        """Executor thread, storage busy: _persist()'s second half, the sync."""
-        st = self.storage
         synced = st.sync(self._now_ms())
         invariant(synced or not st.durable, "a durable storage's sync() returned False")
 
