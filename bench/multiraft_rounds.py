@@ -89,8 +89,6 @@ async def measure(base: str, groups: int, secs: float, in_flight: int, entry_byt
             await asyncio.sleep(0.05)
         data = os.urandom(entry_bytes)
         readies0 = sum(mr.group(g).stats.syncs for mr in nodes for g in range(1, groups + 1))
-        jobs0 = sum(getattr(mr.stats, "persist_jobs", 0) for mr in nodes)
-        jobbed0 = sum(getattr(mr.stats, "persist_readies", 0) for mr in nodes)
         leader_syncs0 = sum(x.stats.syncs for x in leaders)
         done = [0]
         turn = [0]
@@ -111,15 +109,10 @@ async def measure(base: str, groups: int, secs: float, in_flight: int, entry_byt
         cpu, wall, times1 = time.process_time() - c0, time.perf_counter() - t0, os.times()
         syncs = sum(mr.group(g).stats.syncs for mr in nodes for g in range(1, groups + 1)) - readies0
         leader_syncs = sum(x.stats.syncs for x in leaders) - leader_syncs0
-        jobs = sum(getattr(mr.stats, "persist_jobs", 0) for mr in nodes) - jobs0
-        jobbed = sum(getattr(mr.stats, "persist_readies", 0) for mr in nodes) - jobbed0
         n = max(1, done[0])
         return {"groups": groups, "proposals_per_s": round(done[0] / wall, 1),
                 "leader_rounds_per_proposal": round(leader_syncs / n, 3),
                 "syncs_per_proposal": round(syncs / n, 3),
-                # Storage jobs that carried Readies of several groups (multiraft.py "One
-                # storage job per iteration"); 0 where the runtime has one job per Ready.
-                "readies_per_storage_job": round(jobbed / jobs, 2) if jobs else 0,
                 "cpu_us_per_proposal": round(cpu / n * 1e6, 1),
                 "cpu_us_per_leader_round": round(cpu / max(1, leader_syncs) * 1e6, 1),
                 "sys_us_per_proposal": round((times1.system - times0.system) / n * 1e6, 1),
