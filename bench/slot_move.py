@@ -9,7 +9,8 @@ BeginMove in the metadata group, the metadata leader drives the move). Figures:
     slot_move_write_wait_ms         the longest single XADD of the probe on the moving slot
                                     (parked while frozen, then -TRYAGAIN retried by the SDK)
     slot_move_frozen_ms             the CLI's write_wait_ms: frozen -> target active, from the map
-    slot_move_other_write_max_ms    the longest XADD of the probe on another group's key
+    slot_move_other_write_max_ms    the longest XADD of the probe on another group's key (the
+                                    whole run: the no-move window below included)
     slot_move_other_group_wait_ms   the same, counting only XADDs that started during the move
     no_move_other_group_wait_ms     the same probe's longest XADD over an equally long window
                                     with NO move: the last move_s seconds of the NO_MOVE_S
