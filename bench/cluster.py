@@ -61,7 +61,9 @@ entries are `sensor-id 1234 temperature 19.8` everywhere):
 8. slot move, on the same sharded cluster (bench/slot_move.py): a slot holding a stream of
    100k entries (--quick 5k) with a group of 10k (1k) pending entries moves to another group
    while probes write to it and to another group: slot_move_s, slot_move_write_wait_ms
-   (targets <= 5 s, <= 1000 ms), slot_move_frozen_ms, slot_move_other_write_max_ms.
+   (targets <= 5 s, <= 1000 ms), slot_move_frozen_ms, slot_move_other_write_max_ms, and
+   slot_move_other_group_wait_ms beside no_move_other_group_wait_ms (the same probe, an
+   equally long window just before the move: does the move make other groups wait?).
 
 Per phase the CPU use of each process (% of one core, from /proc) is printed:
 on a 2-core machine with 3 nodes + the client, it shows which process limits

@@ -14,7 +14,8 @@ KEYS = ("xadd_batch100_entries_per_s", "xadd_p50_ms", "xadd_p99_ms", "xadd_c64_p
         "redis_wait1_batch100_entries_per_s", "sharded_xadd_batch100_entries_per_s", "slot_move_s",
         "slot_move_write_wait_ms", "crossshard_consume_entries_per_s", "resp_pipelined_xadd_per_s",
         "redis_replicas_pipelined_xadd_per_s", "sharded_resp_pipelined_xadd_per_s",
-        "idmp_xadd_batch100_entries_per_s", "crossshard_single_stream_same_cluster_entries_per_s")
+        "idmp_xadd_batch100_entries_per_s", "crossshard_single_stream_same_cluster_entries_per_s",
+        "slot_move_other_group_wait_ms", "no_move_other_group_wait_ms")
 LIMIT_S = 300  # a hang guard only; the run normally takes well under a minute
 
 

@@ -94,3 +94,27 @@ def test_changes_keep_invariants():
         m.with_group(GroupSpec(2, (1, 2, 7), 1))
     m2 = m.with_node(NodeSpec(2, "h:1", "h:2", NodeState.DRAINING))
     assert m2.nodes[2].state is NodeState.DRAINING and m2.epoch == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, SLOT_COUNT - 1), st.integers(1, 5)), max_size=40))
+def test_ranges_are_each_groups_maximal_runs_slot_by_slot(assignments):
+    """ranges(g) (one groupby over the owners, cached per owners value) against the
+    definition: every slot owned by g, joined into maximal runs, ascending."""
+    owners = [1] * SLOT_COUNT
+    for slot, gid in assignments:  # a slot and a few after it change owner
+        for s in range(slot, min(SLOT_COUNT, slot + 1 + slot % 97)):
+            owners[s] = gid
+    m = initial_layout(nodes(3), 5).with_owner(range(SLOT_COUNT), 1)
+    for gid in range(2, 6):
+        m = m.with_owner([s for s in range(SLOT_COUNT) if owners[s] == gid], gid)
+    for gid in range(0, 7):
+        expected, start = [], None
+        for s in range(SLOT_COUNT + 1):
+            mine = s < SLOT_COUNT and owners[s] == gid
+            if mine and start is None:
+                start = s
+            elif not mine and start is not None:
+                expected.append((start, s - 1))
+                start = None
+        assert m.ranges(gid) == expected
