@@ -52,6 +52,7 @@ BALLAST = ".nemesis-ballast"
 MAX_SKEW_S = 3600.0
 KILL_WAIT_S = 5.0
 RELAY_START_S = 15.0
+RESTART_TIMEOUT_S = 60.0   # a restarted node logs ready within this (a loaded CI machine included)
 
 
 class FaultUnsupported(nh.HostsError):
@@ -66,6 +67,8 @@ class Faults:
         self._strobe: Optional[threading.Thread] = None
         self._strobe_stop = threading.Event()
         self._relays: dict = {}      # netns -> the relay Popen this process started (reaped on stop)
+        # How long restart_dead waits for a restarted node to log ready (its default).
+        self.restart_timeout_s = RESTART_TIMEOUT_S
 
     # -- topology -------------------------------------------------------------------
     @property
@@ -231,7 +234,9 @@ class Faults:
             self.signal(node_id, signal.SIGCONT)
         return "SIGCONT all"
 
-    def restart_dead(self, timeout: float = 60.0) -> str:
+    def restart_dead(self, timeout: Optional[float] = None) -> str:
+        """Raises lc.StartTimeout (with the ids still starting) when they are not ready in time."""
+        timeout = self.restart_timeout_s if timeout is None else timeout
         cluster = lc.load(self.dir)
         dead = [n.id for n in cluster.nodes if n.id in self.ids and not lc.is_alive(cluster, n)]
         if dead:
@@ -316,7 +321,7 @@ class Faults:
         return "disks freed"
 
     # -- everything -------------------------------------------------------------------
-    def heal_all(self, restart_timeout: float = 60.0) -> list:
+    def heal_all(self, restart_timeout: Optional[float] = None) -> list:
         return [self.heal_network(), self.heal_clocks(), self.heal_disks(), self.resume_all(),
                 self.restart_dead(restart_timeout)]
 

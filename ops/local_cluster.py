@@ -67,6 +67,15 @@ class LocalClusterError(Exception):
     """A local-cluster operation failed; the message says what and what to look at."""
 
 
+class StartTimeout(LocalClusterError):
+    """Nodes started but did not log ready (or no leader was elected) in time. `waiting`:
+    the ids still starting; their processes were left running."""
+
+    def __init__(self, message: str, waiting: list):
+        super().__init__(message)
+        self.waiting = waiting
+
+
 @dataclass
 class NodeInfo:
     id: int
@@ -575,7 +584,8 @@ def start_and_wait(cluster, to_start, started, timeout, progress, wait_leader, s
             what = (f"node(s) {', '.join(str(n.id) for n in waiting)} did not log ready" if waiting
                     else "no leader was elected")
             tails = "\n".join(f"  {n.log}:\n{log_tail(n.log)}" for n in (waiting or to_start))
-            raise LocalClusterError(f"timed out after {timeout:g}s: {what}; last log lines:\n{tails}")
+            raise StartTimeout(f"timed out after {timeout:g}s: {what}; last log lines:\n{tails}",
+                               [n.id for n in waiting])
         time.sleep(0.1)
 
 

@@ -2,7 +2,9 @@
 namespaces and real nodes. Root only: skipped where `ip netns` cannot run."""
 import json
 import os
+import random
 import subprocess
+import threading
 import time
 
 import pytest
@@ -12,6 +14,7 @@ from xraft.ops import cli
 from xraft.ops import faults as fl
 from xraft.ops import local_cluster as lc
 from xraft.ops import netns_hosts as nh
+from xraft.ops import nemesis_run as nr
 from xraft.ops import nemesis_workload as wl
 
 WHY_NOT = nh.available()
@@ -207,6 +210,25 @@ def test_kill_and_restart(cluster):
     assert f.restart_dead() == "restarted [2]"
     c = lc.load(cluster)
     assert lc.is_alive(c, c.node(2))
+
+
+def test_a_restart_not_ready_in_time_is_killed_again_then_restarted_by_the_next_heal(cluster, tmp_path):
+    """A soak at load 33 ended its nemesis on a restart that took more than 60 s. Now the node
+    still starting is killed again (one more fault), and the next heal restarts it."""
+    f = fl.Faults(cluster)
+    history = wl.History(str(tmp_path / "history.jsonl"))
+    nemesis = nr.Nemesis(f, history, ["kill"], random.Random(1), threading.Event(), 1.0, 0.0)
+    f.kill(2)
+    f.restart_timeout_s = 0.0          # no node logs ready in 0 s: the timeout, on purpose
+    detail = nemesis.heal_or_kill_slow_start("kill")
+    assert detail.startswith("node(s) [2] not ready in time, killed again"), detail
+    c = lc.load(cluster)
+    assert not lc.is_alive(c, c.node(2)) and nemesis.slow_starts == 1
+    f.restart_timeout_s = fl.RESTART_TIMEOUT_S
+    assert nemesis.heal_or_kill_slow_start("kill") == "restarted [2]"
+    c = lc.load(cluster)
+    assert lc.is_alive(c, c.node(2))
+    history.close()
 
 
 def test_down_removes_what_a_crashed_up_left(tmp_path):
