@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled twins of listpack.py's XADD hot path: `lp_encode` and `lp_append_entries`.
+"""Compiled twins of listpack.py's XADD hot path (`lp_encode`, `lp_append_entries`) and of
+stream.py's node check on load (`check_stream_node`).
 
 Same arguments, same bytes, same errors as the pure functions (listpack.py is
 the reference; tests/kernels/test_listpack_kernels.py compares them on random
@@ -13,6 +14,7 @@ xraft.node.accel unless XRAFT_PURE=1.
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.string cimport memcpy
 
 import sys
@@ -252,3 +254,192 @@ def lp_append_entries(lp, head, eles, Py_ssize_t start, Py_ssize_t step, tail, P
     p[3] = <unsigned char>((pos >> 24) & 0xFF)
     p[4] = <unsigned char>(count & 0xFF)
     p[5] = <unsigned char>((count >> 8) & 0xFF)
+
+
+# ---------------------------------------------------------------- stream node check
+# stream.py `_check_node` (the reference) validates a stream node's listpack deep and its
+# stream layout when a stream is loaded (a snapshot, a slot move's pre-copy, a restart).
+# This twin decides only "valid, with this live count" or "not valid" (-1): on -1 the
+# caller runs the reference, which raises the reference's own error, so every message
+# stays the pure code's. tests/kernels/test_stream_node_kernel.py compares both.
+
+cdef inline int _lp_entry(const unsigned char *d, Py_ssize_t p, Py_ssize_t end,
+                          Py_ssize_t *length, Py_ssize_t *head) noexcept:
+    """The entry at p: its forward length (encoding + data) and its encoding bytes; -1 if
+    the encoding is bad or runs past `end` (listpack.py lp_validate's rules)."""
+    cdef unsigned char b = d[p]
+    cdef uint64_t n32
+    if b < 0x80:
+        head[0] = 1; length[0] = 1
+    elif b < 0xC0:
+        head[0] = 1; length[0] = 1 + (b & 0x3F)
+    elif b < 0xE0:
+        head[0] = 1; length[0] = 2
+    elif b < 0xF0:
+        head[0] = 2
+        if p + 2 > end:
+            return -1
+        length[0] = 2 + (((b & 0x0F) << 8) | d[p + 1])
+    elif b == 0xF0:
+        head[0] = 5
+        if p + 5 > end:
+            return -1
+        n32 = (<uint64_t>d[p + 1]) | (<uint64_t>d[p + 2] << 8) | (<uint64_t>d[p + 3] << 16) \
+            | (<uint64_t>d[p + 4] << 24)
+        if n32 > <uint64_t>end:          # cannot fit: and keeps the sum below in range
+            return -1
+        length[0] = 5 + <Py_ssize_t>n32
+    elif b == 0xF1:
+        head[0] = 1; length[0] = 3
+    elif b == 0xF2:
+        head[0] = 1; length[0] = 4
+    elif b == 0xF3:
+        head[0] = 1; length[0] = 5
+    elif b == 0xF4:
+        head[0] = 1; length[0] = 9
+    else:                                # 0xF5-0xFE, or the terminator before the end
+        return -1
+    if p + head[0] > end:
+        return -1
+    return 0
+
+
+cdef inline Py_ssize_t _backlen_len(Py_ssize_t length) noexcept:
+    if length <= 127:
+        return 1
+    if length < 16383:
+        return 2
+    if length < 2097151:
+        return 3
+    if length < 268435455:
+        return 4
+    return 5
+
+
+cdef inline bint _backlen_ok(const unsigned char *d, Py_ssize_t q, Py_ssize_t bl, Py_ssize_t length) noexcept:
+    """The bl bytes ending before q are exactly lpEncodeBacklen(length)."""
+    cdef Py_ssize_t i
+    cdef uint64_t v = <uint64_t>length
+    cdef unsigned char want
+    for i in range(bl - 1, -1, -1):
+        want = (v & 127) | (0x80 if i else 0)
+        if d[q - bl + i] != want:
+            return False
+        v >>= 7
+    return True
+
+
+cdef inline bint _lp_int(const unsigned char *d, Py_ssize_t p, int64_t *out) noexcept:
+    """The element at p as an int (lp_decode_all's values); False for a string."""
+    cdef unsigned char b = d[p]
+    cdef uint64_t u = 0
+    cdef int w, i
+    if b < 0x80:
+        out[0] = b
+        return True
+    if b < 0xC0:
+        return False
+    if b < 0xE0:
+        u = ((b & 0x1F) << 8) | d[p + 1]
+        out[0] = <int64_t>u - 8192 if u >= 4096 else <int64_t>u
+        return True
+    if b <= 0xF0:
+        return False
+    w = 2 if b == 0xF1 else 3 if b == 0xF2 else 4 if b == 0xF3 else 8
+    for i in range(w - 1, -1, -1):
+        u = (u << 8) | d[p + 1 + i]
+    if w < 8 and (u >> (8 * w - 1)) & 1:          # sign-extend
+        u |= ~((<uint64_t>1 << (8 * w)) - 1)
+    out[0] = <int64_t>u
+    return True
+
+
+def check_stream_node(lp, Py_ssize_t max_bytes):
+    """Live entry count of a valid stream node listpack (stream.py `_check_node`'s rules),
+    or -1 when the reference must look (anything not valid, or not exact bytes)."""
+    if not PyBytes_CheckExact(lp):
+        return -1
+    cdef const unsigned char *d = <const unsigned char *>PyBytes_AS_STRING(lp)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(lp)
+    cdef Py_ssize_t end, p, q, length = 0, head = 0, bl, count = 0, n, i, k
+    cdef uint64_t total
+    cdef unsigned int numele
+    if size < 7 or size > max_bytes:
+        return -1
+    total = (<uint64_t>d[0]) | (<uint64_t>d[1] << 8) | (<uint64_t>d[2] << 16) | (<uint64_t>d[3] << 24)
+    numele = d[4] | (d[5] << 8)
+    end = size - 1
+    if total != <uint64_t>size or d[end] != 0xFF:
+        return -1
+    # Pass 1: lp_validate(deep=True), counting the elements.
+    p = 6
+    while p < end:
+        if _lp_entry(d, p, end, &length, &head) < 0:
+            return -1
+        bl = _backlen_len(length)
+        q = p + length + bl
+        if q > end or not _backlen_ok(d, q, bl, length):
+            return -1
+        p = q
+        count += 1
+    if numele != NUMELE_UNKNOWN and numele != count:
+        return -1
+    # Pass 2: the stream layout over the elements (offsets first: the checks look ahead).
+    n = count
+    if n < 4:
+        return -1
+    cdef Py_ssize_t *off = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+    if off == NULL:
+        raise MemoryError()
+    try:
+        p = 6
+        for i in range(n):
+            off[i] = p
+            _lp_entry(d, p, end, &length, &head)
+            p += length + _backlen_len(length)
+        return _stream_layout(d, off, n)
+    finally:
+        PyMem_Free(off)
+
+
+cdef Py_ssize_t _stream_layout(const unsigned char *d, const Py_ssize_t *off, Py_ssize_t n) noexcept:
+    cdef int64_t cnt, deleted, nmf, flags, msd, seqd, nf, v
+    cdef Py_ssize_t i, k, want, live = 0, dead = 0
+    if not (_lp_int(d, off[0], &cnt) and _lp_int(d, off[1], &deleted) and _lp_int(d, off[2], &nmf)):
+        return -1
+    if cnt < 0 or deleted < 0 or nmf < 0:
+        return -1
+    if nmf < 1 or (cnt == 0 and deleted == 0) or nmf > n - 4:
+        return -1
+    if not _lp_int(d, off[3 + nmf], &v) or v != 0:
+        return -1
+    i = 4 + <Py_ssize_t>nmf
+    while i < n:
+        if i + 3 > n:
+            return -1
+        if not (_lp_int(d, off[i], &flags) and _lp_int(d, off[i + 1], &msd) and _lp_int(d, off[i + 2], &seqd)):
+            return -1
+        if flags < 0 or flags > 3:
+            return -1
+        if live + dead == 0 and (msd != 0 or seqd != 0):
+            return -1
+        if flags & 2:                                  # FLAG_SAMEFIELDS
+            k = i + 3 + <Py_ssize_t>nmf
+            want = 3 + <Py_ssize_t>nmf
+        else:
+            if i + 3 >= n or not _lp_int(d, off[i + 3], &nf) or nf < 1:
+                return -1
+            if nf > n:                                 # k would be past the end (and no overflow)
+                return -1
+            k = i + 4 + 2 * <Py_ssize_t>nf
+            want = 4 + 2 * <Py_ssize_t>nf
+        if k >= n or not _lp_int(d, off[k], &v) or v != want:
+            return -1
+        if flags & 1:                                  # FLAG_DELETED
+            dead += 1
+        else:
+            live += 1
+        i = k + 1
+    if live != cnt or dead != deleted:
+        return -1
+    return live

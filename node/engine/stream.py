@@ -67,6 +67,7 @@ import zlib
 from collections import OrderedDict
 from bisect import bisect_left
 
+from ..accel import compiled
 from ..invariant import invariant
 from .keyspace import register_type
 from .listpack import (
@@ -682,7 +683,7 @@ def _check_node_cached(key: bytes, lp: bytes) -> int:
     return count
 
 
-def _check_node(key: bytes, lp: bytes):
+def _check_node_reference(key: bytes, lp: bytes):
     """Validate one node's listpack and stream layout; returns its live count."""
     try:
         lp_validate(lp, deep=True, max_bytes=_LP_MAX_BYTES)
@@ -729,6 +730,20 @@ def _check_node(key: bytes, lp: bytes):
         raise CorruptStream("node %s: counters %d/%d, entries %d/%d"
                             % (key.hex(), count, deleted, live, dead))
     return count
+
+
+# The compiled twin (node/engine/_listpack_c.pyx check_stream_node) answers "valid, with this
+# live count" in one C pass; on "not valid" the reference runs and raises its own error, so
+# messages never differ. tests/kernels/test_stream_node_kernel.py compares the two.
+_kernel = compiled("xraft.node.engine._listpack_c")
+if _kernel is None:
+    _check_node = _check_node_reference
+else:
+    _check_node_c = _kernel.check_stream_node
+
+    def _check_node(key: bytes, lp: bytes) -> int:
+        count = _check_node_c(lp, _LP_MAX_BYTES)
+        return count if count >= 0 else _check_node_reference(key, lp)
 
 
 def _load(buf) -> Stream:
