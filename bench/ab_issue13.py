@@ -45,6 +45,20 @@ def _measured(pids: dict, run, split: list | None = None) -> tuple:
     return rate, 1e4 * sum(m.pct.values()) * wall / entries
 
 
+def _log_entries(cluster) -> int:
+    """Raft log entries committed so far, summed over every group (each group's highest
+    commit index among the nodes): the records a phase cost, as a difference."""
+    top: dict = {}
+    for node in cluster.nodes:
+        info = lc.raft_info(node.resp, timeout=5.0) or {}
+        for name, row in info.items():
+            if name.startswith("raft_group") and name[10:].isdigit():
+                if isinstance(row, str):      # "role=leader,...,commit_index=N,..."
+                    row = dict(kv.split("=", 1) for kv in row.split(","))
+                top[name] = max(top.get(name, 0), int(row["commit_index"]))
+    return sum(top.values())
+
+
 def idmp(args, dir_: str) -> None:
     cluster = lc.up(dir_, nodes=3, fsync="always")
     try:
@@ -97,6 +111,7 @@ def crossshard(args, dir_: str) -> None:
         pids = bc.cluster_pids(cluster)
         sums = {"single": 0.0, "cross": 0.0}
         split = {"single": [], "cross": []}
+        records = {"single": [], "cross": []}     # log entries committed per 1,000 entries consumed
         for r in range(args.rounds):
             keys = uvloop.run(_fresh_streams(seeds, layout, r))
             per_key = args.entries // len(keys)
@@ -105,6 +120,7 @@ def crossshard(args, dir_: str) -> None:
             uvloop.run(bc.sdk_preload(seeds, single_key, per_key * len(keys)))
             got, us = {}, {}
             for side in (("single", "cross") if r % 2 == 0 else ("cross", "single")):
+                logged = _log_entries(cluster)
                 if side == "single":
                     got[side], us[side] = _measured(pids, lambda: uvloop.run(
                         bc.sdk_consume(seeds, single_key, per_key * len(keys)))["rate"], split[side])
@@ -113,9 +129,12 @@ def crossshard(args, dir_: str) -> None:
                         asyncio.wait_for(bc.crossshard_consume(seeds, keys, per_key), bc.CROSSSHARD_LIMIT_S)),
                         split[side])
                 sums[side] += got[side]
+                records[side].append(1000 * (_log_entries(cluster) - logged) / (per_key * len(keys)))
             print(f"round {r + 1}: single-stream Consume {got['single']:,.0f}/s  cross-shard consume() "
                   f"{got['cross']:,.0f}/s  ratio {got['cross'] / got['single']:.2f}  | CPU us/entry single "
-                  f"{us['single']:.0f} cross {us['cross']:.0f}  (load {bc.load_avg():.1f})", flush=True)
+                  f"{us['single']:.0f} cross {us['cross']:.0f}  | Raft records per 1,000 entries single "
+                  f"{records['single'][-1]:.0f} cross {records['cross'][-1]:.0f}  (load {bc.load_avg():.1f})",
+                  flush=True)
         for side in ("single", "cross"):
             print(f"{side} CPU us/entry per process (median): " + ", ".join(
                 f"{name} {statistics.median(s[name] for s in split[side]):.1f}" for name in split[side][0]))

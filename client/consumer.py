@@ -15,6 +15,7 @@ from xraft.proto.v1 import client_pb2 as pb
 from .errors import UnavailableError, UnknownOutcomeError, XRaftError, detail_of, from_rpc_error
 from .types import StreamEntry, StreamID, to_bytes
 
+MAX_ACK_IDS = 10_000                       # IDs in one ConsumeAck message (the server's limit)
 MAX_ACKS_IN_FLIGHT = 1024                  # unconfirmed acks per consumer session before ack() waits
 
 
@@ -76,8 +77,9 @@ class ConsumerSession(SessionProtocol):
     ended the session -- except that an ack already written to a stream may
     have been applied, so when a retriable error or close() ends the session
     its ack() raises UnknownOutcomeError, never a "nothing happened" error
-    (UnavailableError says nothing was applied). (Acks are not merged into one ConsumeAck: its
-    AckResult carries one count, which could not be split among callers.)"""
+    (UnavailableError says nothing was applied). Acks queued together are
+    written as one ConsumeAck of runs when the server takes them (_write_acks):
+    each run is still its own XACK with its own AckResult and count."""
 
     def __init__(self, client, start: pb.ConsumeStart):
         self._client = client
@@ -93,6 +95,7 @@ class ConsumerSession(SessionProtocol):
         self._held: dict[bytes, set] = {}
         self._ack_seq = 0
         self._ack_room = None                      # semaphore of MAX_ACKS_IN_FLIGHT, made on first use
+        self._ack_runs = False                     # the live stream's server takes ConsumeAck.run_lengths
         self._outbox: asyncio.Queue | None = None  # ack_seqs for the live stream's writer; None between streams
         self._broken: BaseException | None = None  # why the writer ended the live stream
         self._ended: BaseException | None = None   # why the session ended
@@ -149,9 +152,18 @@ class ConsumerSession(SessionProtocol):
             raise UnavailableError("consumer closed")
 
     async def _write_acks(self, call, outbox: asyncio.Queue) -> None:
-        """The stream's only writer after `start`: one ack message at a time."""
+        """The stream's only writer after `start`. Acks queued together go
+        together: to a server whose deliveries say ack_runs, the consecutive
+        ack_seqs of one stream go as one message of runs (each still its own
+        XACK and AckResult), which the server writes as one record; a message
+        per ack would give the first its own record and the rest the next one.
+        Otherwise one message per ack."""
+        carried = None                             # taken from the outbox, did not fit the last message
         while True:
-            seq = await outbox.get()
+            if carried is None:
+                seq = await outbox.get()
+            else:
+                seq, carried = carried, None
             pending = self._acks.get(seq)
             if pending is None:
                 continue                           # confirmed meanwhile
@@ -162,7 +174,24 @@ class ConsumerSession(SessionProtocol):
             add = ack.ids.add
             for i in ids:
                 add(ms=i.ms, seq=i.seq)
-            self._sent.add(seq)                    # from here its outcome is unknown until confirmed
+            seqs = [seq]
+            if self._ack_runs and not outbox.empty():
+                lengths, total = [len(ids)], len(ids)
+                while not outbox.empty():
+                    nxt = outbox.get_nowait()
+                    more = self._acks.get(nxt)
+                    if more is None or nxt != seqs[-1] + 1 or more[0] != key or total + len(more[1]) > MAX_ACK_IDS:
+                        carried = nxt
+                        break
+                    for i in more[1]:
+                        add(ms=i.ms, seq=i.seq)
+                    seqs.append(nxt)
+                    lengths.append(len(more[1]))
+                    total += len(more[1])
+                if len(seqs) > 1:
+                    ack.run_lengths.extend(lengths)
+            for seq in seqs:
+                self._sent.add(seq)                # from here its outcome is unknown until confirmed
             try:
                 await call.write(req)
             except asyncio.CancelledError:
@@ -190,6 +219,7 @@ class ConsumerSession(SessionProtocol):
                 await call.write(pb.ConsumeRequest(start=start))
                 # Every unconfirmed ack, in order, then the new ones as ack() queues them.
                 self._outbox = outbox = asyncio.Queue()
+                self._ack_runs = False             # until this stream's server says it takes runs
                 for seq in self._acks:
                     outbox.put_nowait(seq)
                 writer = asyncio.ensure_future(self._write_acks(call, outbox))
@@ -205,6 +235,7 @@ class ConsumerSession(SessionProtocol):
                             if not pending[2].done():
                                 pending[2].set_result(resp.ack_result.acked)
                         continue
+                    self._ack_runs = resp.delivery.ack_runs
                     batch = self._deliveries(resp.delivery.streams)
                     if batch:
                         self._queue.put_nowait(batch)

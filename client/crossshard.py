@@ -29,6 +29,31 @@ from .types import to_bytes
 _END = object()      # a session's iterator ended cleanly
 
 
+# ConsumeStart's defaults and limits (proto/xraft/v1/client.proto).
+DEFAULT_BATCH = 100
+MAX_BATCH = 10_000
+DEFAULT_MAX_UNACKED = 1000
+
+
+def slot_batch(start: pb.ConsumeStart, n_slots: int) -> int:
+    """max_batch of each slot's session when `n_slots` sessions share one
+    consumer: max_batch times n_slots, at most the window (max_unacked).
+    Each slot's group carries 1/n_slots of the consumer's entries; with the
+    caller's max_batch, its deliveries, and the acks that answer them, would
+    each cover n_slots times fewer entries than one session's, and every
+    record (a Raft round: append, fsync, replication, apply on each replica)
+    would carry that much less. A delivery of max_batch * n_slots entries is
+    answered by acks the application makes together, which go as one message
+    (consumer.py, ack runs) and one record with the read they make room for.
+    The application sees no difference: deliveries are yielded one entry at a
+    time, each stream's in order, and each session's window is max_unacked."""
+    if n_slots <= 1:
+        return start.max_batch
+    batch = start.max_batch or DEFAULT_BATCH
+    window = MAX_BATCH if start.no_ack else (start.max_unacked or DEFAULT_MAX_UNACKED)
+    return max(batch, min(batch * n_slots, window, MAX_BATCH))
+
+
 class CrossShardSession(SessionProtocol):
     """One consumer over streams in any slots (module doc). Same interface as
     ConsumerSession: async iteration of Delivery, ack(key, ids), close()."""
@@ -52,11 +77,13 @@ class CrossShardSession(SessionProtocol):
     async def _open(self) -> None:
         keys = list(self._start.keys)
         parts = await self._client._split_by_slot(keys) or [keys]
+        batch = slot_batch(self._start, len(parts))
         for part in parts:
             start = pb.ConsumeStart()
             start.CopyFrom(self._start)
             del start.keys[:]
             start.keys.extend(part)
+            start.max_batch = batch
             session = ConsumerSession(self._client, start)
             self._sessions.append(session)
             for key in part:

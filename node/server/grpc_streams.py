@@ -7,6 +7,7 @@ Subscribe and Consume are these functions, with the service as first argument).
 """
 import asyncio
 import collections
+from typing import NamedTuple
 
 from xraft.proto.v1 import client_pb2 as pb
 
@@ -23,6 +24,9 @@ MAX_CONSUME_KEYS = 100
 READS_AHEAD = 8                       # Consume: XREADGROUP reads in flight at once (window permitting)
 MAX_ACKS_PER_WRITE = 256              # Consume: acks written by one submit (one record)
 MAX_ACK_WRITES = 8                    # Consume: ack submits in flight at once
+# Deliveries say this server takes ConsumeAck.run_lengths (tests turn it off to be a
+# server from before them: the client must then send one message per ack).
+ACK_RUNS = True
 MAX_QUEUED_ACKS = 1024                # Consume: acks read and not yet written (then reading pauses)
 
 
@@ -133,6 +137,32 @@ async def consume(service, request_iterator, context):
                 pass
 
 
+class _AckRun(NamedTuple):
+    """One ack of a ConsumeAck carrying several (run_lengths): what write_acks and
+    confirm_acks read of a ConsumeAck."""
+    key: bytes
+    ids: list
+    ack_seq: int
+
+
+def _ack_runs(ack) -> list:
+    """The acks one ConsumeAck carries: itself, or one _AckRun per run_lengths entry
+    (ack_seq, ack_seq + 1, ...). A client sends runs so that acks made together
+    arrive together: one submit, one record, not a record for the first and
+    another for the rest."""
+    lengths = ack.run_lengths
+    if not lengths:
+        return [ack]
+    if any(n == 0 for n in lengths) or sum(lengths) != len(ack.ids) or ack.ack_seq + len(lengths) > 1 << 64:
+        raise cv.ArgumentError("run_lengths: each >= 1, summing to the number of ids")
+    ids, key, seq = list(ack.ids), ack.key, ack.ack_seq
+    out, at = [], 0
+    for i, n in enumerate(lengths):
+        out.append(_AckRun(key, ids[at:at + n], seq + i))
+        at += n
+    return out
+
+
 class _ConsumeSession:
     """One Consume call's state.
 
@@ -225,6 +255,7 @@ class _ConsumeSession:
         with `track`, they count against the window until acked."""
         resp = pb.ConsumeResponse()
         cv.fill_streams(resp.delivery.streams, reply)
+        resp.delivery.ack_runs = ACK_RUNS
         if track:
             unacked = self.unacked
             for key, entries in reply:
@@ -319,12 +350,13 @@ class _ConsumeSession:
                     raise cv.ArgumentError("only acks after start")
                 ack = req.ack
                 cv.check_count("ids", ack.ids, 1, MAX_ACK_IDS)
+                runs = _ack_runs(ack)
                 while len(self.acks) >= MAX_QUEUED_ACKS and not writer.done():
                     self.acks_changed.clear()
                     await self.acks_changed.wait()
                 if writer.done():
                     break
-                self.acks.append(ack)
+                self.acks.extend(runs)
                 self.acks_changed.set()
             self.acks_ended = True
             self.acks_changed.set()

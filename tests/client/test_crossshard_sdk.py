@@ -9,8 +9,9 @@ import asyncio
 from tests.client import run, serving
 from tests.client.test_routing_sdk import HIGH, LOW, two_groups
 from xraft.client.aio import Client
-from xraft.client.crossshard import CrossShardSession
+from xraft.client.crossshard import CrossShardSession, slot_batch
 from xraft.client.dead_letters import dead_letter_from_entry
+from xraft.proto.v1 import client_pb2 as pb
 
 
 async def _fill(client, keys, n):
@@ -133,3 +134,25 @@ def test_dead_letters_through_the_sync_client():
             assert d.delivery_count() == 1
         c.xautoclaim("{o}s", "g", "c2", 0)
         assert [(x.source_id, x.deliveries) for x in c.dead_letters("{o}dead")] == [(d.id, 1)]
+
+
+def test_slot_sessions_read_max_batch_times_slots_within_the_window():
+    """Each slot's session reads max_batch x slots entries at a time, at most the
+    window (crossshard.slot_batch); the consumer still sees every entry once, in order."""
+    async def body():
+        async with two_groups() as (client, low, high):
+            await _fill(client, [LOW, HIGH], 30)
+            seen = {LOW.encode(): [], HIGH.encode(): []}
+            async with client.consume([LOW, HIGH], "g", "c", max_batch=7, max_unacked=10) as session:
+                async for d in session:
+                    seen[d.key].append(int(d.entry.fields[0][1]))
+                    await d.ack()
+                    if sum(map(len, seen.values())) == 60:
+                        break
+                assert [s._start.max_batch for s in session.sessions] == [10, 10]     # min(7 x 2, 10)
+            assert seen == {k: list(range(30)) for k in seen}
+    run(body)
+    start = pb.ConsumeStart(max_batch=0, max_unacked=0)
+    assert (slot_batch(start, 1), slot_batch(start, 6), slot_batch(start, 20)) == (0, 600, 1000)
+    start.no_ack = True
+    assert slot_batch(start, 200) == 10_000
