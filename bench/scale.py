@@ -355,7 +355,7 @@ def restart(cluster, dir_: str, seeds, state_target: int, out: dict) -> None:
     wait_applied(cluster, target, victim.id)
     lc.kill(dir_, victim.id, "KILL")
     t = time.perf_counter()
-    lc.up(dir_, fsync="always")
+    lc.up(dir_, fsync="always", timeout=CATCH_UP_LIMIT_S)
     started = time.perf_counter() - t
     wait_applied(lc.load(dir_), target, victim.id)
     out["restart_s_1gb"] = time.perf_counter() - t
