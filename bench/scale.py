@@ -1,6 +1,6 @@
 """Scale benchmark: costs that stay flat as data grows (issue 14), each beside its small-data twin.
 
-    python bench/scale.py [--entries N] [--json FILE] [--seconds S] [--dir DIR] [--keep]
+    python bench/scale.py [--entries N] [--quick] [--json FILE] [--seconds S] [--dir DIR] [--keep]
 
 One run, one real 3-node cluster (`ops.local_cluster.up`, fsync always, like bench/cluster.py)
 and one private redis-server for the memory reference. Sizes derive from --entries N (default
@@ -404,11 +404,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(ap)
+    ap.add_argument("--quick", action="store_true", help="smoke run: --entries 20000 --seconds 1 --state-mb 4")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds per XADD phase (default 5)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (node logs)")
     ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one)")
     args = ap.parse_args()
+    if args.quick:
+        args.entries, args.seconds, args.state_mb = 20_000, 1.0, 4
     if not 1_000 <= args.entries <= 100_000_000:
         ap.error("--entries must be in [1000, 100000000]")
     for tool in ("redis-server", "redis-benchmark"):

@@ -336,11 +336,17 @@ class StateMachine:
         invariant(len(versions) < 1 << 32, "versions too large for the snapshot")
         invariant(0 <= self.applied_index <= MAX_INDEX and 0 <= self.last_now_ms <= MAX_NOW_MS,
                   "snapshot meta out of range")
-        body = b"".join((
+        parts = [
             _SNAP_HEAD.pack(SNAP_MAGIC, SNAP_VERSION, self.applied_index, self.last_now_ms, len(sessions)),
             sessions, _U32.pack(len(versions)), versions, _U32.pack(len(owned)), owned,
-            _U32.pack(len(moves)), moves, _U64.pack(len(keyspace)), keyspace))
-        return body + _U32.pack(zlib.crc32(body))
+            _U32.pack(len(moves)), moves, _U64.pack(len(keyspace)), keyspace]
+        # The checksum runs over the parts and the image is joined once: `body + crc` copied the
+        # whole (keyspace-sized) image a second time and held both copies at once.
+        crc = 0
+        for part in parts:
+            crc = zlib.crc32(part, crc)
+        parts.append(_U32.pack(crc))
+        return b"".join(parts)
 
     def restore(self, buf) -> None:
         """Replace the whole state with a snapshot's; CorruptSnapshot (and no
