@@ -262,10 +262,10 @@ def run(args, tmp: str, out: dict) -> None:
     state_target = args.state_mb << 20 if args.state_mb else max(MIN_STATE_BYTES, FULL_STATE_BYTES * n // FULL_ENTRIES)
     s = args.seconds
     out.update(scale_entries=n, scale_pending=pending, scale_acks=acks, scale_state_target_bytes=state_target,
-               scale_snapshot_entries=SNAPSHOT_ENTRIES, scale_load_avg_start=cb.load_avg())
+               scale_snapshot_entries=args.snapshot_entries, scale_load_avg_start=cb.load_avg())
     print(f"xraft scale benchmark: {n:,} entries, {pending:,} pending, {acks:,} acks per XACK figure, "
           f"restart state {state_target / 2**20:,.0f} MiB; {s:g} s per XADD phase; nodes --snapshot-entries "
-          f"{SNAPSHOT_ENTRIES}; load average {out['scale_load_avg_start']:.1f}", flush=True)
+          f"{args.snapshot_entries}; load average {out['scale_load_avg_start']:.1f}", flush=True)
     t_all = time.perf_counter()
 
     ref = redis_bytes_per_entry(tmp, n)
@@ -276,7 +276,7 @@ def run(args, tmp: str, out: dict) -> None:
 
     dir_ = os.path.join(tmp, "cluster")
     try:
-        cluster = lc.up(dir_, nodes=3, fsync="always", node_args=["--snapshot-entries", str(SNAPSHOT_ENTRIES)])
+        cluster = lc.up(dir_, nodes=3, fsync="always", node_args=["--snapshot-entries", str(args.snapshot_entries)])
         seeds = [n_.grpc for n_ in cluster.nodes]
         leader = cb.wait_leader(cluster)
 
@@ -404,14 +404,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_arguments(ap)
-    ap.add_argument("--quick", action="store_true", help="smoke run: --entries 20000 --seconds 1 --state-mb 4")
+    ap.add_argument("--quick", action="store_true", help="smoke run: --entries 20000 --seconds 1 --state-mb 4 "
+                                                         "--snapshot-entries 200")
+    ap.add_argument("--snapshot-entries", type=int, default=SNAPSHOT_ENTRIES,
+                    help=f"the nodes' --snapshot-entries (default {SNAPSHOT_ENTRIES})")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds per XADD phase (default 5)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (node logs)")
     ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one)")
     args = ap.parse_args()
     if args.quick:
-        args.entries, args.seconds, args.state_mb = 20_000, 1.0, 4
+        args.entries, args.seconds, args.state_mb, args.snapshot_entries = 20_000, 1.0, 4, 200
     if not 1_000 <= args.entries <= 100_000_000:
         ap.error("--entries must be in [1000, 100000000]")
     for tool in ("redis-server", "redis-benchmark"):
