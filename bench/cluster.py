@@ -860,12 +860,20 @@ def main() -> int:
     for tool in ("redis-server", "redis-benchmark"):
         if shutil.which(tool) is None:
             ap.error(f"{tool} is not installed (./dev test installs it)")
-    tmp = work_dir(args.dir, "xraft-bench-cluster-")
-    out: dict = {}
-    try:
+    def run_all(args, tmp, out):
         run(args, tmp, out)
         if args.scale:
             run_scale(args.scale_entries, os.path.join(tmp, "scale"), out)
+    return run_in_work_dir(args, "xraft-bench-cluster-", run_all)
+
+
+def run_in_work_dir(args, prefix: str, run_fn) -> int:
+    """run_fn(args, tmp, out) in work_dir(args.dir, prefix), removed after unless args.keep;
+    then the figures in `out` go to args.json if given."""
+    tmp = work_dir(args.dir, prefix)
+    out: dict = {}
+    try:
+        run_fn(args, tmp, out)
     finally:
         if args.keep:
             print(f"kept {tmp}")

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -420,19 +419,7 @@ def main() -> int:
     for tool in ("redis-server", "redis-benchmark"):
         if shutil.which(tool) is None:
             ap.error(f"{tool} is not installed (./dev test installs it)")
-    tmp = cb.work_dir(args.dir, "xraft-bench-scale-")
-    out: dict = {}
-    try:
-        run(args, tmp, out)
-    finally:
-        if args.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=2, sort_keys=True)
-    return 0
+    return cb.run_in_work_dir(args, "xraft-bench-scale-", run)
 
 
 if __name__ == "__main__":
