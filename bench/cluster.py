@@ -835,6 +835,15 @@ def work_dir(requested: str | None, prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix)
 
 
+def run_scale(entries: int, dir_: str, out: dict) -> None:
+    """bench/scale.py in a subprocess (its own cluster, after ours is down); its keys join `out`."""
+    path = os.path.join(os.path.dirname(dir_), "scale.json")
+    subprocess.run([sys.executable, os.path.join(HERE, "scale.py"), "--entries", str(entries), "--dir", dir_,
+                    "--json", path], check=True)
+    with open(path) as fh:
+        out.update(json.load(fh))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="short smoke run (1 s phases, 1 failover)")
@@ -843,6 +852,9 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work directory (node logs)")
     ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one). The clusters "
                                   "live in DIR/cluster and DIR/sharded, so a caller can stop them if we are killed")
+    ap.add_argument("--scale", action="store_true", help="also run bench/scale.py (costs as data grows: 10M entries, "
+                                                         "1 GB restart, snapshot catch-up) and merge its keys")
+    ap.add_argument("--scale-entries", type=int, default=10_000_000, help="--entries for bench/scale.py")
     args = ap.parse_args()
     args.seconds = args.seconds or (1.0 if args.quick else 5.0)
     if not 0 < args.seconds <= 120:
@@ -850,10 +862,20 @@ def main() -> int:
     for tool in ("redis-server", "redis-benchmark"):
         if shutil.which(tool) is None:
             ap.error(f"{tool} is not installed (./dev test installs it)")
-    tmp = work_dir(args.dir, "xraft-bench-cluster-")
+    def run_all(args, tmp, out):
+        run(args, tmp, out)
+        if args.scale:
+            run_scale(args.scale_entries, os.path.join(tmp, "scale"), out)
+    return run_in_work_dir(args, "xraft-bench-cluster-", run_all)
+
+
+def run_in_work_dir(args, prefix: str, run_fn) -> int:
+    """run_fn(args, tmp, out) in work_dir(args.dir, prefix), removed after unless args.keep;
+    then the figures in `out` go to args.json if given."""
+    tmp = work_dir(args.dir, prefix)
     out: dict = {}
     try:
-        run(args, tmp, out)
+        run_fn(args, tmp, out)
     finally:
         if args.keep:
             print(f"kept {tmp}")

@@ -52,7 +52,9 @@ Snapshot layout (big-endian):
       sessions expired) still restores: its sessions count as active at now_ms.
       A node that only knows ver 1 refuses a ver 2 snapshot by its version.
 """
+import contextlib
 import dataclasses
+import gc
 import struct
 import zlib
 from typing import Optional
@@ -334,16 +336,23 @@ class StateMachine:
         invariant(len(versions) < 1 << 32, "versions too large for the snapshot")
         invariant(0 <= self.applied_index <= MAX_INDEX and 0 <= self.last_now_ms <= MAX_NOW_MS,
                   "snapshot meta out of range")
-        body = b"".join((
+        parts = [
             _SNAP_HEAD.pack(SNAP_MAGIC, SNAP_VERSION, self.applied_index, self.last_now_ms, len(sessions)),
             sessions, _U32.pack(len(versions)), versions, _U32.pack(len(owned)), owned,
-            _U32.pack(len(moves)), moves, _U64.pack(len(keyspace)), keyspace))
-        return body + _U32.pack(zlib.crc32(body))
+            _U32.pack(len(moves)), moves, _U64.pack(len(keyspace)), keyspace]
+        # The checksum runs over the parts and the image is joined once: `body + crc` copied the
+        # whole (keyspace-sized) image a second time and held both copies at once.
+        crc = 0
+        for part in parts:
+            crc = zlib.crc32(part, crc)
+        parts.append(_U32.pack(crc))
+        return b"".join(parts)
 
     def restore(self, buf) -> None:
         """Replace the whole state with a snapshot's; CorruptSnapshot (and no
         change at all) if the bytes are not one."""
-        applied, now_ms, sessions, versions, owned, moves, keyspace = _parse_snapshot(buf)
+        with gc_paused():
+            applied, now_ms, sessions, versions, owned, moves, keyspace = _parse_snapshot(buf)
         self.keyspace = keyspace
         self.sessions = sessions
         self.versions = versions
@@ -352,6 +361,22 @@ class StateMachine:
         self.applied_index = applied
         self.last_now_ms = now_ms
         self.last_ready_keys = frozenset()
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic garbage collection inside the block. A snapshot load allocates millions of
+    objects that all stay alive (PEL entries, consumers, rax nodes); each collection the
+    allocations trigger scans them again, so with the collector on, loading 1M stream entries
+    cost ~25x the CPU it costs without (bench/README.md, "Scale"). Nothing cyclic becomes
+    garbage during a load; the collector resumes (if it was on) afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _u32_section(buf: bytes, pos: int, end: int, what: str):
