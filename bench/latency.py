@@ -72,6 +72,21 @@ PATH = (
     ("applied -> handler returns", "applied", "rpc_out"),
     ("handler returns -> client reply", "rpc_out", "c1"),
 )
+# The path's phases by what bounds them: the floors (gRPC, the peer streams, the disk) and the
+# Python steps of each process. Each write's phases add up per group; p50/p99 are over writes.
+GROUPS = (
+    ("client <-> leader gRPC (SDK, unary call, handler entry/exit)",
+     ("client -> leader handler", "handler returns -> client reply")),
+    ("peer streams (writer task hop, gRPC write, wire, read), both ways",
+     ("MsgApp queued -> link writer runs", "writer -> follower read (gRPC, wire)",
+      "ack queued -> link writer runs", "writer -> leader read (gRPC, wire)")),
+    ("follower append + fsync", ("follower append + fsync",)),
+    ("leader Python (handler, group commit, propose, Ready, commit, apply)",
+     ("handler -> submit", "submit -> propose (group commit, pump)", "propose -> MsgApp queued",
+      "ack read -> commit", "apply", "applied -> handler returns")),
+    ("follower Python (step the append, queue the ack)",
+     ("follower read -> WAL write start", "follower fsync -> ack queued")),
+)
 LEADER_WRITE = (
     ("leader: propose -> WAL write start (executor)", "propose", "persist_start"),
     ("leader: append + fsync", "persist_start", "persist_done"),
@@ -164,12 +179,19 @@ def follow(writes: list, by_key: dict, seq: dict) -> tuple[list, dict]:
     return out, dict(skipped)
 
 
-def summarize(stamps: list) -> dict:
-    rows = {}
-    for name, a, b in PATH + LEADER_WRITE + (("total (client)", "c0", "c1"),):
-        d = sorted((s[b] - s[a]) / 1e6 for s in stamps)
-        rows[name] = (statistics.median(d), cb.pct(d, 0.99), statistics.fmean(d))
-    return rows
+def _row(d: list) -> tuple:
+    d = sorted(d)
+    return statistics.median(d), cb.pct(d, 0.99), statistics.fmean(d)
+
+
+def summarize(stamps: list) -> tuple[dict, dict]:
+    """(phase -> (p50, p99, mean) ms, group -> the same over each write's sum of its phases)."""
+    steps = {name: (a, b) for name, a, b in PATH + LEADER_WRITE + (("total (client)", "c0", "c1"),)}
+    rows = {name: _row([(s[b] - s[a]) / 1e6 for s in stamps]) for name, (a, b) in steps.items()}
+    groups = {}
+    for gname, members in GROUPS:
+        groups[gname] = _row([sum(s[steps[m][1]] - s[steps[m][0]] for m in members) / 1e6 for s in stamps])
+    return rows, groups
 
 
 async def sdk_sequential(seeds, seconds: float) -> list:
@@ -255,9 +277,10 @@ def main() -> int:
         out.update(followed=len(stamps), skipped=skipped)
         if not stamps:
             raise RuntimeError(f"no write could be followed through the trace: {skipped}")
-        rows = summarize(stamps)
+        rows, groups = summarize(stamps)
         waited = sum(s["waited_for_leader_fsync"] for s in stamps) / len(stamps)
         out.update(phases_ms={k: {"p50": v[0], "p99": v[1], "mean": v[2]} for k, v in rows.items()},
+                   groups_ms={k: {"p50": v[0], "p99": v[1], "mean": v[2]} for k, v in groups.items()},
                    commit_waited_for_leader_fsync=waited)
         print(f"\n{len(stamps)} of {len(writes)} writes followed end to end"
               + (f" (skipped: {skipped})" if skipped else ""))
@@ -270,6 +293,9 @@ def main() -> int:
         out.pop("rule", None)
         print(f"sum of the path's means: {sum(rows[n][2] for n, _, _ in PATH):.3f} ms (= the total's mean)")
         print(f"the commit waited for the leader's own fsync (not the ack) in {waited:.0%} of writes")
+        print(f"\n{'the path by what bounds it':72} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
+        for name, (a, b, c) in groups.items():
+            print(f"{name:72} {a:8.3f} {b:8.3f} {c:8.3f}")
         print(f"floors: fsync p50 {out['fsync_p50_ms']:.3f} ms, gRPC unary c1 p50 {out['grpc_floor_p50_ms']:.3f} ms")
     finally:
         out["load_avg_end"] = cb.load_avg()

@@ -26,3 +26,6 @@ def test_latency_bench_follows_writes_through_every_phase(tmp_path):
             assert math.isfinite(row[q]) and row[q] >= 0, (name, row, text)
     path = [v["mean"] for k, v in phases.items() if not k.startswith(("leader:", "total"))]
     assert math.isclose(sum(path), phases["total (client)"]["mean"], rel_tol=1e-6), text
+    groups = figures["groups_ms"]                 # every path phase in exactly one group
+    assert len(groups) == 5, sorted(groups)
+    assert math.isclose(sum(g["mean"] for g in groups.values()), sum(path), rel_tol=1e-6), text
