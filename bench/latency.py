@@ -1,6 +1,6 @@
 """Where one XADD's time goes: a per-phase breakdown measured on real processes (issue 14).
 
-    python bench/latency.py [--seconds S] [--json FILE] [--dir DIR] [--no-untraced]
+    python bench/latency.py [--seconds S] [--json FILE] [--dir DIR] [--no-untraced] [--profile TOP]
 
 A 3-node cluster (`ops.local_cluster.up`, `--fsync always`) is started with
 XRAFT_LATENCY_TRACE set (node/runtime/latency_trace.py): every node then stamps
@@ -27,13 +27,16 @@ for it rather than for the follower's ack.
 Printed beside, from the same run: the fsync floor (bench/wal_sync.py's
 append+fsync of one 300-byte record, one process alone), the gRPC unary c1
 floor (bench/grpc_floor.py) and, unless --no-untraced, the same SDK loop
-against an untraced cluster (what the trace points cost).
+against an untraced cluster (what the trace points cost). --profile TOP runs
+the loop once more under cProfile in every node and in the client and prints
+each one's TOP functions by own time, in microseconds per write.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import math
 import os
 import shutil
 import statistics
@@ -51,7 +54,8 @@ from xraft.client.aio import Client  # noqa: E402
 from xraft.node.runtime.wal import FsyncPolicy  # noqa: E402
 from xraft.ops import local_cluster as lc  # noqa: E402
 
-TRACE_ENV = "XRAFT_LATENCY_TRACE"   # node/runtime/latency_trace.py ENV (ops must not import node/)
+TRACE_ENV = "XRAFT_LATENCY_TRACE"   # node/runtime/latency_trace.py ENV
+CPROFILE_ENV = "XRAFT_CPROFILE"     # node/server/node_main.py: the node runs under cProfile
 MAX_WRITES = 200_000                # per run: the client keeps its stamps in memory
 
 # (name, from event, to event); "c0"/"c1" are the client's stamps, "F." a follower's events.
@@ -212,27 +216,70 @@ async def sdk_sequential(seeds, seconds: float) -> list:
         return out
 
 
-def run_cluster(dir_: str, seconds: float, trace_dir: str | None):
-    """(writes, pid -> node id, CPU line) of the sequential loop on a fresh 3-node cluster."""
-    env_before = os.environ.get(TRACE_ENV)
-    if trace_dir:
-        os.environ[TRACE_ENV] = trace_dir
+def run_cluster(dir_: str, seconds: float, env: dict, client_profile=None):
+    """(writes, pid -> node id, CPU line, leader id) of the sequential loop on a fresh 3-node
+    cluster whose nodes start with `env` added to ours (the trace or cProfile variables);
+    `client_profile`: a cProfile.Profile run around the client's loop."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         cluster = lc.up(dir_, nodes=3, fsync="always")
     finally:
-        if env_before is None:
-            os.environ.pop(TRACE_ENV, None)
-        else:
-            os.environ[TRACE_ENV] = env_before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     try:
         seeds = [n.grpc for n in cluster.nodes]
         pids = {n.pid: n.id for n in cluster.nodes}
         leader = cb.wait_leader(cluster)
         with cb.CpuMeter(cb.cluster_pids(cluster), leader["resp"]) as m:
-            writes = uvloop.run(sdk_sequential(seeds, seconds))
+            if client_profile is not None:
+                client_profile.enable()
+            try:
+                writes = uvloop.run(sdk_sequential(seeds, seconds))
+            finally:
+                if client_profile is not None:
+                    client_profile.disable()
     finally:
-        lc.down(dir_)   # SIGTERM: each node writes its trace as it exits
-    return writes, pids, m.line()
+        lc.down(dir_)   # SIGTERM: each node writes its trace (or profile) as it exits
+    return writes, pids, m.line(), leader["id"]
+
+
+def print_profile(title: str, stats, writes: int, top: int) -> None:
+    """The `top` functions by own time, in microseconds per write (cProfile inflates them all).
+    Only functions called at least once per two writes: the process's start-up, its idle
+    tasks and the loop's own wait (`run`) are not the write's."""
+    import pstats
+    st = pstats.Stats(stats)
+    per_write = {k: v for k, v in st.stats.items() if v[1] >= writes / 2 and k[2] != "run"}
+    rows = sorted(per_write.items(), key=lambda kv: -kv[1][2])[:top]
+    total = sum(v[2] for v in per_write.values())
+    print(f"\n{title}: {total / writes * 1e6:,.0f} us of profiled main-thread time per write in functions "
+          f"called at least every other write; top {top} by own time, us per write:")
+    for (file, line, fn), (_, ncalls, tottime, cumtime, _) in rows:
+        where = f"{os.path.basename(file)}:{line}" if line else file
+        print(f"  {tottime / writes * 1e6:8.1f}  {cumtime / writes * 1e6:8.1f} cum  "
+              f"{ncalls / writes:6.1f} calls  {fn} ({where})")
+
+
+def profile_run(tmp: str, seconds: float, top: int) -> None:
+    """The loop again with every node under cProfile (node_main XRAFT_CPROFILE) and the
+    client's loop under cProfile here: where each process's Python time per write goes."""
+    import cProfile
+    prof_dir = os.path.join(tmp, "profile")
+    os.makedirs(prof_dir)
+    client = cProfile.Profile()
+    writes, _, line, leader = run_cluster(os.path.join(tmp, "profiled"), seconds,
+                                          {CPROFILE_ENV: prof_dir}, client)
+    print(f"\nprofiled cluster (cProfile in every node and the client): {len(writes)} writes   [{line}]")
+    print_profile("client (SDK)", client, len(writes), top)
+    follower = next(n for n in (1, 2, 3) if n != leader)
+    for node, role in ((leader, "leader"), (follower, "a follower")):
+        path = os.path.join(prof_dir, f"node-{node}.prof")
+        if os.path.exists(path):
+            print_profile(f"node {node} ({role})", path, len(writes), top)
 
 
 def client_figures(writes: list) -> tuple:
@@ -246,6 +293,9 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--dir")
     ap.add_argument("--no-untraced", action="store_true", help="skip the untraced cluster's run")
+    ap.add_argument("--profile", type=int, default=0, metavar="TOP",
+                    help="also run the loop under cProfile (every node and the client) and print "
+                         "each one's TOP functions by own time per write")
     args = ap.parse_args()
     tmp = cb.work_dir(args.dir, "xraft-latency-")
     out: dict = {"load_avg_start": cb.load_avg()}
@@ -260,14 +310,14 @@ def main() -> int:
         out.update(grpc_floor_p50_ms=floor["grpc_floor_p50_ms"], grpc_floor_p99_ms=floor["grpc_floor_p99_ms"])
         print(f"gRPC floor unary c1: p50 {floor['grpc_floor_p50_ms']:.3f} ms p99 {floor['grpc_floor_p99_ms']:.3f} ms")
         if not args.no_untraced:
-            writes, _, line = run_cluster(os.path.join(tmp, "plain"), args.seconds, None)
+            writes, _, line, _ = run_cluster(os.path.join(tmp, "plain"), args.seconds, {})
             p50, p99 = client_figures(writes)
             out.update(untraced_xadd_p50_ms=p50, untraced_xadd_p99_ms=p99, untraced_writes=len(writes))
             print(f"untraced cluster, SDK xadd one at a time: p50 {p50:.3f} ms p99 {p99:.3f} ms "
                   f"({len(writes)} writes)   [{line}]")
         trace_dir = os.path.join(tmp, "trace")
         os.makedirs(trace_dir)
-        writes, pids, line = run_cluster(os.path.join(tmp, "traced"), args.seconds, trace_dir)
+        writes, pids, line, _ = run_cluster(os.path.join(tmp, "traced"), args.seconds, {TRACE_ENV: trace_dir})
         p50, p99 = client_figures(writes)
         out.update(xadd_p50_ms=p50, xadd_p99_ms=p99, traced_writes=len(writes))
         print(f"traced cluster, SDK xadd one at a time: p50 {p50:.3f} ms p99 {p99:.3f} ms "
@@ -293,10 +343,23 @@ def main() -> int:
         out.pop("rule", None)
         print(f"sum of the path's means: {sum(rows[n][2] for n, _, _ in PATH):.3f} ms (= the total's mean)")
         print(f"the commit waited for the leader's own fsync (not the ack) in {waited:.0%} of writes")
+        # Does the leader's own WAL write (executor thread, GIL) slow the MsgApp's way out?
+        flight = {True: [], False: []}
+        for st in stamps:
+            flight[st["write_app"] <= st["persist_start"] <= st["F.in_app"]].append(
+                (st["F.in_app"] - st["write_app"]) / 1e6)
+        out["msgapp_flight_p50_ms"] = {"leader_wal_write_during": statistics.median(flight[True] or [math.nan]),
+                                       "not_during": statistics.median(flight[False] or [math.nan]),
+                                       "share_during": len(flight[True]) / len(stamps)}
+        print("MsgApp writer -> follower read, p50: {leader_wal_write_during:.3f} ms when the leader's WAL write "
+              "started in between ({share_during:.0%} of writes), {not_during:.3f} ms otherwise"
+              .format(**out["msgapp_flight_p50_ms"]))
         print(f"\n{'the path by what bounds it':72} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
         for name, (a, b, c) in groups.items():
             print(f"{name:72} {a:8.3f} {b:8.3f} {c:8.3f}")
         print(f"floors: fsync p50 {out['fsync_p50_ms']:.3f} ms, gRPC unary c1 p50 {out['grpc_floor_p50_ms']:.3f} ms")
+        if args.profile:
+            profile_run(tmp, args.seconds, args.profile)
     finally:
         out["load_avg_end"] = cb.load_avg()
         print(f"load average at the end: {out['load_avg_end']:.1f}")
