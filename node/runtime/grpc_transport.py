@@ -85,6 +85,7 @@ from google.protobuf.message import DecodeError
 from ...proto.v1 import peer_pb2, peer_pb2_grpc
 from ..cluster.slot_map import node_of_replica
 from ..raft.codec import CodecError, decode_message, encode_message
+from . import latency_trace
 from ..raft.types import Message, link_violation
 from .peer_auth import MAX_ENVELOPE_BYTES, MIN_ENVELOPE_BYTES, HelloRefused, PeerAuthenticator, \
     RefusalCode
@@ -394,6 +395,8 @@ class GrpcTransport:
         if link.queued_bytes + wire > self.limits.max_queued_bytes:
             st.refused_full += 1
             return False
+        if latency_trace.ON:
+            latency_trace.mark_messages("queued", to_node, (m for _, m in batch))
         link.queue.append(_Item(batch, encoded, wire))
         link.queued_bytes += wire
         st.batches_accepted += 1
@@ -543,6 +546,9 @@ class GrpcTransport:
                         watch.result()  # raises why the stream ended
                     continue
                 k, envs = self._next_envelopes(link)
+                if latency_trace.ON:  # before the writes: their awaits may end after the peer has read
+                    for i in range(k):
+                        latency_trace.mark_messages("write", link.peer, (m for _, m in q[i].batch))
                 for env in envs:
                     if watch.done():
                         watch.result()
@@ -674,6 +680,8 @@ class GrpcTransport:
                 handler = self.handler
                 if handler is None:
                     return
+                if latency_trace.ON:
+                    latency_trace.mark_messages("in", frm, (m for _, m in batch))
                 ist.batches_delivered += 1
                 ist.messages_delivered += len(batch)
                 try:

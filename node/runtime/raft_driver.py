@@ -87,6 +87,7 @@ from ..raft.rawnode import RawNode, Status
 from ..raft.types import NONE, ConfChange, ConfChangeError, ConfChangeV2, ConfState, Entry, EntryType, \
     HardState, Message, ProposalDropped as CoreProposalDropped, Ready, Snapshot, \
     SnapshotMetadata, StateRole, StepError
+from . import latency_trace
 from .disk_storage import DiskStorage
 from .read_index import ReadIndexQueue, settle
 
@@ -532,6 +533,8 @@ class GroupDriver:
                     continue
             # A leader's propose appends synchronously at the end of its log, in order.
             last = log_.last_index()
+            if latency_trace.ON:
+                latency_trace.mark("propose", last)
             for i, p in enumerate(run):
                 index = last - len(run) + 1 + i
                 invariant(index not in self._pending and log_.term(index) == r.term,
@@ -624,6 +627,8 @@ class GroupDriver:
         node loop pump this group at once: its inbound messages and proposals queued
         during the sync go into the next Ready without waiting for a loop wake-up."""
         exc = job.exception()
+        if latency_trace.ON and rd.entries:
+            latency_trace.mark("persisted", rd.entries[-1].index)
         if exc is None:
             self.stats.syncs += 1
             try:
@@ -692,10 +697,14 @@ class GroupDriver:
         The clock lets fsync=batch defer the fsync: acks, votes and applies then rest on
         written, not yet fsynced records, as --fsync batch documents (see _arm_flush())."""
         st = self.storage
+        if latency_trace.ON and rd.entries:
+            latency_trace.mark("persist_start", rd.entries[-1].index)
         if rd.snapshot is not None:
             st.apply_snapshot(rd.snapshot)
         st.save(rd.hard_state, rd.entries)
         synced = st.sync(self._now_ms())
+        if latency_trace.ON and rd.entries:
+            latency_trace.mark("persist_done", rd.entries[-1].index)
         invariant(synced or not st.durable, "a durable storage's sync() returned False")
 
     # ------------------------------------------------ fsync=batch: the deferred fsync
@@ -727,8 +736,12 @@ class GroupDriver:
             send(gid, m)
         if rd.snapshot is not None:
             self._install(rd.snapshot)
+        if latency_trace.ON and rd.committed_entries:
+            latency_trace.mark("commit", rd.committed_entries[-1].index)
         for e in rd.committed_entries:
             self._apply(e)
+        if latency_trace.ON and rd.committed_entries:
+            latency_trace.mark("applied", rd.committed_entries[-1].index)
         for rs in rd.read_states:
             self._reads.on_read_state(rs)
         self.rn.advance(rd)

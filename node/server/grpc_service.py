@@ -76,6 +76,7 @@ from ..fsm.blocking import is_blocking_form
 from ..fsm.errors import NotAWrite, StaleRequest
 from ..fsm.resolve import Resolved, resolve_command, resolve_xadd_batch
 from ..fsm.xadd_batch import error_without_fields
+from ..runtime import latency_trace
 from . import grpc_convert as cv
 from . import grpc_streams
 from .backend import BackendError, NotLeader, UnknownOutcome
@@ -293,6 +294,8 @@ class XRaftService(pb_grpc.XRaftServicer):
 
     async def _handle(self, request, context, body):
         """Run one unary RPC: body(call) -> response; any failure -> status."""
+        if latency_trace.ON:
+            return await self._handle_traced(request, context, body)
         stats = self.request_stats
         if stats is None:
             return await self._handle_timed(request, context, body)
@@ -301,6 +304,13 @@ class XRaftService(pb_grpc.XRaftServicer):
             return await self._handle_timed(request, context, body)
         finally:
             stats.observe(rpc_name(body), time.perf_counter() - t0)
+
+    async def _handle_traced(self, request, context, body):
+        latency_trace.mark("rpc_in")
+        try:
+            return await self._handle_timed(request, context, body)
+        finally:
+            latency_trace.mark("rpc_out")
 
     async def _handle_timed(self, request, context, body):
         call = None

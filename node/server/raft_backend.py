@@ -98,7 +98,7 @@ from ..fsm.slot_owner import OwnedSlots
 from ..fsm.state_machine import StateMachine
 from ..invariant import invariant
 from ..raft.types import StateRole
-from ..runtime import raft_driver as drv
+from ..runtime import latency_trace, raft_driver as drv
 from .backend import (Backend, NodeInfo, NotLeader, Shard, Unavailable, UnknownOutcome, check_fits_record,
                       cluster_node_id, record_end, settle_submits, split_address)
 from .config import NodeAddresses
@@ -641,6 +641,8 @@ class RaftBackend(Backend):
         self._pending.append((requests, size, fut))
         n = len(requests)
         self._outstanding += n
+        if latency_trace.ON:
+            latency_trace.mark("submit")
         self._flush_soon()
         try:
             return await fut
