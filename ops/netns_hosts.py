@@ -274,9 +274,30 @@ def start_node(cluster: lc.ClusterInfo, node: lc.NodeInfo):
                          env=env)
 
 
+LOCK_POLL_S = 0.1
+
+
+@contextlib.contextmanager
+def locked_waiting(dir_: str, wait_s: float):
+    """lc.locked, waiting up to wait_s for it instead of failing at once: the nemesis' threads
+    (a heal's restarts, a member change's start) take turns on one cluster.json."""
+    deadline = time.monotonic() + wait_s
+    with contextlib.ExitStack() as stack:
+        while True:
+            try:
+                stack.enter_context(lc.locked(dir_))
+                break
+            except lc.LocalClusterError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(LOCK_POLL_S)
+        yield
+
+
 def restart(dir_: str, node_ids: list, timeout: float = 60.0, progress: lc.Progress = lambda _m: None) -> None:
-    """Start the given nodes again from their data (after a kill) and wait until they are ready."""
-    with lc.locked(dir_):
+    """Start the given nodes again from their data (after a kill) and wait until they are ready
+    (the lock: waited for as long, a member change may be starting a node)."""
+    with locked_waiting(dir_, timeout):
         cluster = lc.load(dir_)
         todo = [n for n in cluster.nodes if n.id in node_ids and not lc.is_alive(cluster, n)]
         lc.start_and_wait(cluster, todo, [], timeout, progress, False, start=start_node)
