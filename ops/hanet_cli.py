@@ -5,7 +5,7 @@
     xraftctl hosts status --dir DIR [--json]
     xraftctl hosts fault  --dir DIR KIND [--node ID] [--seconds S]      (KIND: see `fault --help`)
     xraftctl nemesis run  --dir DIR [--time 120] [--nemesis partition,kill,pause,clock,disk] [--seed N] [--json]
-                          [--fsync always|batch|never] [--power-cut majority|all]
+                          [--fsync always|batch|never] [--power-cut majority|all] [--spares 2]
 """
 import json
 import random

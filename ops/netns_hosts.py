@@ -15,6 +15,9 @@ the bridge and the other, eth0, in namespace <prefix>-n<id> with 10.<a>.<b>.<10+
 Network faults (ops/faults.py) are nft rules, qdiscs and delay relays inside the node
 namespaces, so they die with the namespaces too (`down` kills what still runs in one).
 
+`up` first sweeps what crashed harnesses left (sweep): their names, creators and dirs are
+recorded in /run/xraft-hosts/<prefix>.json (REGISTRY_DIR).
+
 Nodes run under `ip netns exec`, which execs the node in place: the pid recorded in
 cluster.json is the node itself, and `xraftctl local status/kill --dir DIR` work too.
 """
