@@ -5,7 +5,7 @@
     xraftctl hosts status --dir DIR [--json]
     xraftctl hosts fault  --dir DIR KIND [--node ID] [--seconds S]      (KIND: see `fault --help`)
     xraftctl nemesis run  --dir DIR [--time 120] [--nemesis partition,kill,pause,clock,disk] [--seed N] [--json]
-                          [--fsync always|batch|never] [--power-cut majority|all]
+                          [--fsync always|batch|never] [--power-cut majority|all] [--spares 2]
 """
 import json
 import random
@@ -16,6 +16,7 @@ import click
 
 from . import faults as fl
 from . import local_cluster as lc
+from . import nemesis_member as nm
 from . import nemesis_run as nr
 from . import netns_hosts as nh
 
@@ -146,14 +147,16 @@ def nemesis():
               help="The nodes' --fsync when this run brings the cluster up (default: the node's).")
 @click.option("--power-cut", type=click.Choice(nr.POWER_CUTS), default="majority", show_default=True,
               help="The disk fault's power cut (unsynced WAL writes lost) hits a majority or every node.")
+@click.option("--spares", default=nm.SPARES, show_default=True, type=click.IntRange(1, nh.MAX_NODES - 3),
+              help="With the member kind: spare namespaces for nodes that join during the run.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"ops", "ok", "fail", "info", "anomalies": {checker: count}, "unavailable_s"}.')
-def nemesis_run(dir_, time_s, kinds, seed, nodes, interval, keep, fsync, power_cut, as_json):
+def nemesis_run(dir_, time_s, kinds, seed, nodes, interval, keep, fsync, power_cut, spares, as_json):
     """Run the workload under faults; exit 0 only when every checker found nothing."""
     seed = seed if seed is not None else random.randrange(1 << 31)
     rep = _run(nr.run, dir_, time_s, _run(nr.parse_kinds, kinds), seed, nodes=nodes,
                interval=interval, hold=interval, keep=keep, progress=_progress, fsync=fsync,
-               power_cut=power_cut)
+               power_cut=power_cut, spares=spares)
     click.echo(json.dumps(nr.json_summary(rep)) if as_json else f"seed {seed}\n" + nr.table(rep))
     if any(rep["anomalies"].values()):
         sys.exit(1)

@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -41,21 +42,24 @@ from .cluster_status import Connection, StatusError
 MIN_MEMBERS = 3         # a removal never leaves fewer (each group keeps a majority of 3)
 CHANGE_WAIT_S = 60.0    # the CLI's --wait for one change under faults
 FINAL_WAIT_S = 240.0    # the same change run again after the final heal
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 60.0  # a spare's or replacement's start: the lock (a heal's restart may hold it), then ready
+START_TIMEOUT_ENV = "XRAFT_NEMESIS_START_TIMEOUT_S"   # tests: a start that times out on purpose
 SPARES = 2              # spare namespaces a run with `member` makes
 MAX_MOVE_SLOTS = 512    # a move's range, at most
 
 
 class Members:
-    def __init__(self, dir_: str, faults: fl.Faults, rng: random.Random):
-        self.dir, self.faults, self.rng = dir_, faults, rng
+    def __init__(self, dir_: str, faults: fl.Faults, rng: random.Random,
+                 progress: lc.Progress = lambda _m: None):
+        self.dir, self.faults, self.rng, self.progress = dir_, faults, rng, progress
+        self.start_timeout = float(os.environ.get(START_TIMEOUT_ENV, START_TIMEOUT_S))
         self._thread: Optional[threading.Thread] = None
         self.pending: Optional[tuple] = None     # (op, node id or move range) of a change not known done
         self.log: list = []
         self._round: list = []
 
     def _spares(self) -> list:
-        return [h["id"] for h in self.faults.hosts["nodes"] if h.get("spare")]
+        return [h["id"] for h in self.faults.hosts["nodes"] if h.get("spare") and "replaces" not in h]
 
     def _mark(self, node_id: int, spare: bool = False, removed: bool = False) -> None:
         """hosts.json's flags for node_id (Faults.ids leaves spares and removed nodes out)."""
@@ -85,14 +89,15 @@ class Members:
         self._round = [op for op in self._round if op in possible] or self.rng.sample(possible, len(possible))
         op = self._round.pop()
         if op == "add":
-            what = self._start_spare()
+            what = self._begin_add()
         elif op == "remove":
             what = self._begin_remove()
         elif op == "replace":
             what = self._begin_replace()
         else:
             what, self.pending = "slots move (range chosen from the map)", ("move", None)
-        self._start(*self.pending)
+        if self.pending:
+            self._start(*self.pending)
         return what
 
     def _start(self, op: str, arg) -> None:
@@ -100,21 +105,39 @@ class Members:
                                         name="nemesis-member", daemon=True)
         self._thread.start()
 
-    def _start_spare(self) -> str:
+    def _begin_add(self) -> str:
+        """The spare joins the cluster: recorded now (cluster.json, then hosts.json: a member
+        the faults may hit), started and added in the change thread, so the next faults land
+        while it boots and a start that times out is a failed change (run again at the end)."""
         node_id = self._spares()[0]
-        seed = self._seed()
-        with lc.locked(self.dir):
-            cluster = lc.load(self.dir)
-            node = nh.spare_node(self.dir, node_id, join=seed)
-            cluster.nodes.append(node)
-            try:
-                lc.start_and_wait(cluster, [node], [], START_TIMEOUT_S, lambda _m: None, False,
-                                  start=nh.start_node)
-            finally:
-                lc.save(cluster)   # recorded even if it did not come up in time: heal restarts it
-        self._mark(node_id)
+        try:
+            self._record(node_id, self._seed())
+        except lc.LocalClusterError as e:     # still a spare: a later add takes it
+            return f"node add {node_id} not begun: {e}"
         self.pending = ("add", node_id)
-        return f"node {node_id} started with --join {seed}; node add {node_id}"
+        return f"node {node_id} starts with --join; node add {node_id}"
+
+    def _record(self, node_id: int, seed: str) -> None:
+        """node_id into cluster.json (a --join node), THEN out of hosts.json's spares: the
+        faults' heal (Faults.ids, from hosts.json) must never meet a member that cluster.json
+        lacks (a member soak's final heal failed on "no node 8" when the start could not run).
+        An error here (the lock not had in time) leaves it a spare: nothing half recorded."""
+        with nh.locked_waiting(self.dir, self.start_timeout):
+            cluster = lc.load(self.dir)
+            if not any(n.id == node_id for n in cluster.nodes):
+                cluster.nodes.append(nh.spare_node(self.dir, node_id, join=seed))
+                lc.save(cluster)
+        self._mark(node_id)
+
+    def _ensure_running(self, node_id: int) -> None:
+        """Start node_id (recorded by _record) unless it runs; a kill's heal may have started it."""
+        with nh.locked_waiting(self.dir, self.start_timeout):
+            cluster = lc.load(self.dir)
+            node = cluster.node(node_id)
+            if not lc.is_alive(cluster, node):
+                lc.start_and_wait(cluster, [node], [], self.start_timeout, lambda _m: None, False,
+                                  start=nh.start_node)
+                lc.save(cluster)
 
     def _begin_remove(self) -> str:
         victim = self.rng.choice(self.faults.ids)
@@ -148,24 +171,14 @@ class Members:
             node_dir.mkdir(parents=True, exist_ok=True)
             if not (node_dir / "mnt").exists():    # the same disk: the old node's wiped mount
                 os.symlink(Path(self.dir) / f"node-{old}" / "mnt", node_dir / "mnt")
+            # A spare until cluster.json lists it too (_record).
             row = {"id": new_id, "netns": old_row["netns"], "address": old_row["address"],
-                   "veth": old_row["veth"], "replaces": old}
+                   "veth": old_row["veth"], "replaces": old, "spare": True}
             hosts["nodes"].append(row)
             nh.save_hosts(self.dir, hosts)
-        seed = self._seed()
-        with lc.locked(self.dir):
-            cluster = lc.load(self.dir)
-            if not any(n.id == row["id"] for n in cluster.nodes):
-                cluster.nodes.append(nh.spare_node(self.dir, row["id"], join=seed))
-            node = cluster.node(row["id"])
-            try:
-                if not lc.is_alive(cluster, node):
-                    lc.start_and_wait(cluster, [node], [], START_TIMEOUT_S, lambda _m: None, False,
-                                      start=nh.start_node)
-            finally:
-                # hosts.json already lists it: cluster.json must too, even when the start timed
-                # out (a member soak's final heal once failed on "no node 8" after exactly that).
-                lc.save(cluster)
+        if row.get("spare"):
+            self._record(row["id"], self._seed())
+        self._ensure_running(row["id"])
         return row["id"]
 
     def _move(self, conn: Connection, planned, wait_s: float) -> dict:
@@ -187,9 +200,17 @@ class Members:
         return first, last, self.rng.choice([g for g in groups if g != owner] or groups)
 
     def _change(self, op: str, arg, wait_s: float) -> str:
+        t0 = time.monotonic()
+        self.progress(f"member: {op} {arg} begins")
+        text = self._change_once(op, arg, wait_s)
+        self.progress(f"member: {text} ({time.monotonic() - t0:.1f}s)")
+        return text
+
+    def _change_once(self, op: str, arg, wait_s: float) -> str:
         conn = Connection(seed=self._seed(), timeout=5.0)
         try:
             if op == "add":
+                self._ensure_running(arg)
                 node = lc.load(self.dir).node(arg)
                 r = members_cli.add_node(conn, arg, node.grpc, node.resp, wait_s, False)
             elif op == "replace":

@@ -97,6 +97,8 @@ class Nemesis(threading.Thread):
             return self.heal(kind)
         except lc.StartTimeout as e:
             return self._kill_slow_start(e)
+        except lc.LocalClusterError as e:   # e.g. the cluster lock not free in time: the final heal retries
+            return f"heal incomplete: {str(e).splitlines()[0][:200]}"
 
     def _kill_slow_start(self, e: lc.StartTimeout) -> str:
         for node_id in e.waiting:
@@ -168,14 +170,18 @@ def parse_kinds(text: str) -> list:
 
 def run(dir_: str, time_s: float, kinds: list, seed: int, nodes: int = 5, interval: float = 4.0,
         hold: float = 4.0, keep: bool = False, progress: lc.Progress = lambda _m: None,
-        fsync: Optional[str] = None, power_cut: str = "majority") -> dict:
+        fsync: Optional[str] = None, power_cut: str = "majority", spares: int = nm.SPARES) -> dict:
     """One run; returns the report (see `report`). Brings a cluster up in dir_ when it
-    holds none (with `fsync`, the nodes' --fsync; and down again afterwards unless keep)."""
+    holds none (with `fsync`, the nodes' --fsync; with the member kind, `spares` spare
+    namespaces; and down again afterwards unless keep). Progress lines carry the seconds
+    since the run began: the timeline of where its time went."""
+    progress = timeline(progress)
     made = not nh.hosts_file(dir_).exists()
     if made:
         member = "member" in kinds
         nh.up(dir_, nodes=nodes, fsync=fsync, node_args=NEMESIS_NODE_ARGS, progress=progress,
-              groups=MEMBER_GROUPS if member else 1, spares=nm.SPARES if member else 0)
+              groups=MEMBER_GROUPS if member else 1, spares=spares if member else 0)
+        progress("cluster up")
     out = Path(dir_) / f"nemesis-{seed}"
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -183,6 +189,13 @@ def run(dir_: str, time_s: float, kinds: list, seed: int, nodes: int = 5, interv
     finally:
         if made and not keep:
             nh.down(dir_, progress=progress)
+            progress("cluster down")
+
+
+def timeline(progress: lc.Progress) -> lc.Progress:
+    """progress with each line stamped by the seconds since this call."""
+    t0 = time.monotonic()
+    return lambda msg: progress(f"[{time.monotonic() - t0:6.1f}s] {msg}")
 
 
 def _run(dir_, out, time_s, kinds, seed, interval, hold, progress, power_cut) -> dict:
@@ -192,11 +205,13 @@ def _run(dir_, out, time_s, kinds, seed, interval, hold, progress, power_cut) ->
     cluster = lc.load(dir_)
     resp = [n.resp for n in cluster.nodes]
     grpc = [n.grpc for n in cluster.nodes]
+    progress("faults healed (start)")
     _setup(resp, rng)
+    progress("consumer group created")
     history = wl.History(str(out / "history.jsonl"))
     stop, nemesis_stop = threading.Event(), threading.Event()
     workers = wl.start_workers(history, stop, seed, resp, grpc)
-    members = nm.Members(dir_, faults, rng) if "member" in kinds else None
+    members = nm.Members(dir_, faults, rng, progress) if "member" in kinds else None
     nemesis = Nemesis(faults, history, list(kinds), rng, nemesis_stop, interval, hold, power_cut, members)
     progress(f"seed {seed}: {len(workers)} clients, nemesis {','.join(kinds)} for {time_s:g}s")
     nemesis.start()
@@ -207,15 +222,11 @@ def _run(dir_, out, time_s, kinds, seed, interval, hold, progress, power_cut) ->
         time.sleep(0.2)
     nemesis_stop.set()
     nemesis.join()
+    progress(f"nemesis stopped: {nemesis.injected}")
     history.event("nemesis", "start", {"kind": "heal", "detail": "final heal"})
     healed = faults.heal_all(SETTLE_TIMEOUT_S)
     history.event("nemesis", "stop", {"kind": "heal", "detail": "; ".join(healed)})
-    if members is not None:
-        # The last change finishes (or runs again, resuming from the map) on the healed cluster.
-        history.event("nemesis", "start", {"kind": "member", "detail": "final membership change"})
-        history.event("nemesis", "stop", {"kind": "member", "detail": "; ".join(members.finish())})
-        cluster = lc.load(dir_)
-        cluster.nodes = [n for n in cluster.nodes if n.id in faults.ids]   # removed nodes hold no state
+    progress("final heal: " + "; ".join(healed))
     # Clients see the healed cluster: ops after the heal show it recovered. Restarted nodes
     # are ready before a leader is elected (after a power cut of a majority, seconds later).
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
@@ -227,10 +238,22 @@ def _run(dir_, out, time_s, kinds, seed, interval, hold, progress, power_cut) ->
         getattr(w, "interrupt", lambda: None)()
     for w in workers:
         w.join(wl.OP_TIMEOUT_S * 4)
+    progress("clients stopped")
+    if members is not None:
+        # The last change finishes (or runs again, resuming from the map) on the healed cluster,
+        # once the clients stopped: a learner then catches up with a log that no longer grows
+        # (under the clients, the short CI run's final node add took minutes on a loaded machine).
+        history.event("nemesis", "start", {"kind": "member", "detail": "final membership change"})
+        finished = "; ".join(members.finish())
+        history.event("nemesis", "stop", {"kind": "member", "detail": finished})
+        progress(f"final membership change: {finished}")
+        cluster = lc.load(dir_)
+        cluster.nodes = [n for n in cluster.nodes if n.id in faults.ids]   # removed nodes hold no state
     progress("healed; draining and reading the final state")
     final = final_state(cluster, history, rng)
     history.event("final", "final", final)
     history.close()
+    progress("final state read; checking the history")
     problems = [f"{w.name}: {w.error!r}" for w in workers if w.error] + (
         [f"nemesis: {nemesis.error!r}"] if nemesis.error else [])
     rep = report(history.records, nemesis.injected, nemesis.skipped, problems)

@@ -15,6 +15,9 @@ the bridge and the other, eth0, in namespace <prefix>-n<id> with 10.<a>.<b>.<10+
 Network faults (ops/faults.py) are nft rules, qdiscs and delay relays inside the node
 namespaces, so they die with the namespaces too (`down` kills what still runs in one).
 
+`up` first sweeps what crashed harnesses left (sweep): their names, creators and dirs are
+recorded in /run/xraft-hosts/<prefix>.json (REGISTRY_DIR).
+
 Nodes run under `ip netns exec`, which execs the node in place: the pid recorded in
 cluster.json is the node itself, and `xraftctl local status/kill --dir DIR` work too.
 """
@@ -24,6 +27,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import secrets
 import shutil
 import subprocess
@@ -41,6 +45,15 @@ FAKETIME_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu/faketime", "/usr/lib/aarch64-lin
                      "/usr/lib/faketime")
 DEFAULT_DISK_MB = 64
 MAX_NODES = 9
+# Who made each harness prefix (its dir and process), so `up` can tell a crashed harness's
+# leftovers from a live one's (sweep). Under /run: gone at a reboot, as the namespaces are.
+REGISTRY_DIR = Path("/run/xraft-hosts")
+# Exactly the names up() makes (prefix "xr" + 6 hex digits): namespaces, bridge, veths.
+HARNESS_NAME = re.compile(r"^(xr[0-9a-f]{6})(-n\d+|br|v\d+)$")
+# A prefix no registry entry explains (a harness older than the registry) is stale only when
+# nothing runs in its namespaces and the newest is this old (an old-style `up` in progress
+# has no processes yet either).
+UNKNOWN_STALE_S = 1800.0
 # node/runtime/unsynced_loss.ENV (ops may not import node/; tests/ops compares the two)
 UNSYNCED_LOSS_ENV = "XRAFT_UNSYNCED_LOSS"
 
@@ -141,6 +154,8 @@ def up(dir_: str, nodes: int = 5, groups: int = 1, disk_mb: int = DEFAULT_DISK_M
              "bridge": prefix + "br", "bridge_address": subnet + ".1", "resources": [], "nodes": []}
     save_hosts(str(root), hosts)
     try:
+        _register(prefix, str(root))
+        sweep(progress)
         _make_network(str(root), hosts, nodes + spares, progress)
         for h in hosts["nodes"][nodes:]:
             h["spare"] = True
@@ -274,9 +289,30 @@ def start_node(cluster: lc.ClusterInfo, node: lc.NodeInfo):
                          env=env)
 
 
+LOCK_POLL_S = 0.1
+
+
+@contextlib.contextmanager
+def locked_waiting(dir_: str, wait_s: float):
+    """lc.locked, waiting up to wait_s for it instead of failing at once: the nemesis' threads
+    (a heal's restarts, a member change's start) take turns on one cluster.json."""
+    deadline = time.monotonic() + wait_s
+    with contextlib.ExitStack() as stack:
+        while True:
+            try:
+                stack.enter_context(lc.locked(dir_))
+                break
+            except lc.LocalClusterError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(LOCK_POLL_S)
+        yield
+
+
 def restart(dir_: str, node_ids: list, timeout: float = 60.0, progress: lc.Progress = lambda _m: None) -> None:
-    """Start the given nodes again from their data (after a kill) and wait until they are ready."""
-    with lc.locked(dir_):
+    """Start the given nodes again from their data (after a kill) and wait until they are ready
+    (the lock: waited for as long, a member change may be starting a node)."""
+    with locked_waiting(dir_, timeout):
         cluster = lc.load(dir_)
         todo = [n for n in cluster.nodes if n.id in node_ids and not lc.is_alive(cluster, n)]
         lc.start_and_wait(cluster, todo, [], timeout, progress, False, start=start_node)
@@ -319,7 +355,102 @@ def down(dir_: str, progress: lc.Progress = lambda _m: None) -> list:
             progress(f"removed {res['kind']} {res.get('name') or res.get('path')}")
     hosts["resources"] = list(reversed(left))
     save_hosts(dir_, hosts)
+    if not left:
+        (REGISTRY_DIR / f"{hosts['prefix']}.json").unlink(missing_ok=True)
     return left
+
+
+# -- sweep: what crashed harnesses left ---------------------------------------------------
+
+def _process_start(pid: int) -> Optional[str]:
+    """The process' start time (clock ticks since boot): a pid reused later has another."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _register(prefix: str, dir_: str) -> None:
+    REGISTRY_DIR.mkdir(parents=True, exist_ok=True)
+    entry = {"dir": dir_, "pid": os.getpid(), "started": _process_start(os.getpid())}
+    (REGISTRY_DIR / f"{prefix}.json").write_text(json.dumps(entry) + "\n")
+
+
+def _registered(prefix: str) -> Optional[dict]:
+    try:
+        entry = json.loads((REGISTRY_DIR / f"{prefix}.json").read_text())
+        return entry if isinstance(entry, dict) and {"dir", "pid", "started"} <= set(entry) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _owns(dir_: str, prefix: str) -> bool:
+    """Whether dir_ still holds the harness that made `prefix` (its hosts.json names it)."""
+    try:
+        return json.loads(hosts_file(dir_).read_text()).get("prefix") == prefix
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _stale(prefix: str, namespaces: list) -> bool:
+    entry = _registered(prefix)
+    if entry is not None and not _owns(entry["dir"], prefix):
+        return True          # its directory is gone (or reused): nothing could ever `down` it
+    if any(sh("ip", "netns", "pids", ns, check=False).split() for ns in namespaces):
+        return False         # nodes or relays still run there: a cluster in use
+    if entry is not None:
+        return _process_start(entry["pid"]) != entry["started"]
+    ages = [time.time() - os.stat(f"/run/netns/{ns}").st_mtime for ns in namespaces
+            if os.path.exists(f"/run/netns/{ns}")]
+    return bool(ages) and min(ages) > UNKNOWN_STALE_S
+
+
+def _loop_mounts(prefix: str, dirs: set) -> list:
+    """Mount points DIR/node-<id>/mnt of a loop device, for DIR in dirs or holding prefix's hosts.json."""
+    out = []
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 2 or not fields[0].startswith("/dev/loop"):
+            continue
+        mnt = Path(fields[1])
+        if mnt.name != "mnt" or not re.fullmatch(r"node-\d+", mnt.parent.name):
+            continue
+        if str(mnt.parent.parent) in dirs or _owns(str(mnt.parent.parent), prefix):
+            out.append(str(mnt))
+    return out
+
+
+def sweep(progress: lc.Progress = lambda _m: None) -> list:
+    """Remove the namespaces, links and loop mounts of harnesses that crashed (names up()
+    makes, and only those): a prefix whose creating process is gone and in whose namespaces
+    nothing runs, or whose directory is gone. Returns the prefixes swept."""
+    found: dict = {}         # prefix -> {"netns": [...], "link": [...]}
+    for line in sh("ip", "netns", "list").splitlines():
+        m = HARNESS_NAME.match(line.split()[0]) if line.strip() else None
+        if m and m.group(2).startswith("-n"):
+            found.setdefault(m.group(1), {"netns": [], "link": []})["netns"].append(m.group(0))
+    for line in sh("ip", "-o", "link", "show").splitlines():
+        name = line.split(":", 2)[1].strip().split("@")[0] if line.count(":") >= 2 else ""
+        m = HARNESS_NAME.match(name)
+        if m and not m.group(2).startswith("-n"):
+            found.setdefault(m.group(1), {"netns": [], "link": []})["link"].append(name)
+    swept = []
+    for prefix, names in sorted(found.items()):
+        if not _stale(prefix, names["netns"]):
+            continue
+        entry = _registered(prefix)
+        dirs = {entry["dir"]} if entry else set()
+        # netns first (kills what runs there, which may hold the mounts), then mounts, then
+        # the links (veths die with their namespace; the bridge goes last).
+        resources = [{"kind": "netns", "name": n} for n in names["netns"]] + \
+            [{"kind": "mount", "path": p} for p in _loop_mounts(prefix, dirs)] + \
+            [{"kind": "link", "name": n} for n in sorted(names["link"], key=lambda n: n.endswith("br"))]
+        left = [r for r in resources if not _remove(r)]
+        progress(f"swept stale harness {prefix}: {len(resources) - len(left)} namespace(s), link(s), mount(s)")
+        if not left:
+            (REGISTRY_DIR / f"{prefix}.json").unlink(missing_ok=True)
+            swept.append(prefix)
+    return swept
 
 
 def _remove(res: dict) -> bool:

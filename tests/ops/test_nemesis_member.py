@@ -105,3 +105,41 @@ def test_replace_a_wiped_node_then_move_the_workloads_slots(tmp_path):
             r.close()
     finally:
         nh.down(d)
+
+
+# Regression (member soak seed 811, ec4d28a): the final heal crashed on "no node 8" — hosts.json
+# listed the wiped node's replacement as a member but cluster.json did not, because its start
+# never ran (the cluster lock was held: a heal's restart runs under it). ec4d28a's `finally: save`
+# did not cover that (a start that times out was already saved by start_and_wait); this test
+# fails on it. A start that cannot run leaves the node a spare; one that times out leaves it
+# recorded, and the heal restarts it. The start deadline is set through the environment.
+@pytest.mark.skipif(WHY_NOT is not None, reason=f"namespace harness: {WHY_NOT}")
+def test_a_member_start_that_times_out_leaves_nothing_the_final_heal_cannot_find(tmp_path, monkeypatch):
+    d = str(tmp_path / "c")
+    nh.up(d, nodes=3, groups=2, spares=1, disk_mb=16, node_args=("--tick-ms=50",))
+    try:
+        monkeypatch.setenv(nm.START_TIMEOUT_ENV, "1")
+        f = fl.Faults(d, random.Random(3))
+        members = nm.Members(d, f, random.Random(3))
+        # 1. A replacement whose start cannot even begin (a restart holds the lock past the deadline).
+        members._begin_replace()
+        _op, old = members.pending
+        with lc.locked(d), pytest.raises(lc.LocalClusterError, match="another xraftctl"):
+            members._replacement(old)
+        row = next(h for h in f.hosts["nodes"] if h.get("replaces") == old)
+        assert row["id"] not in f.ids
+        healed = f.heal_all()        # "no node 5" here before the fix
+        assert healed[-1] == "all running", healed
+        # 2. A spare whose start times out (not ready within 1 s): recorded, so the heal restarts it.
+        spare = members._spares()[0]
+        members._begin_add()
+        assert members.pending == ("add", spare)
+        with pytest.raises(lc.LocalClusterError, match="timed out"):
+            members._ensure_running(spare)
+        assert spare in f.ids and lc.load(d).node(spare).pid
+        f.kill(spare)
+        assert f.heal_all()[-1] == f"restarted [{spare}]"
+        cluster = lc.load(d)
+        assert lc.is_alive(cluster, cluster.node(spare))
+    finally:
+        nh.down(d)

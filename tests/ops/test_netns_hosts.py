@@ -4,6 +4,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import threading
 import time
 
@@ -248,3 +249,39 @@ def test_down_removes_what_a_crashed_up_left(tmp_path):
     assert_all_removed(hosts)
     assert nh.load_hosts(d)["resources"] == []
     assert left.wait(10) == -9
+
+
+def crash_during_up(d: str) -> subprocess.Popen:
+    """`hosts up` in a process of its own, for the caller to kill -9 once its node started."""
+    return subprocess.Popen([sys.executable, "-m", "xraft.ops", "hosts", "up", "--dir", d, "--nodes", "1",
+                             "--disk-mb", "16"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_up_sweeps_what_crashed_harnesses_left_and_only_that(tmp_path):
+    """Two harnesses killed -9 during `hosts up`: one whose node died too (stale: swept by the
+    next `up`), one whose node still runs (in use: kept, `down` still works on it). A namespace
+    whose name the harness never makes is left alone."""
+    stale, in_use, fresh = (str(tmp_path / n) for n in ("stale", "in-use", "fresh"))
+    procs = {d: crash_during_up(d) for d in (stale, in_use)}
+    decoy = f"xrdecoy{os.getpid() % 10000}-n1"       # "xr" but not "xr" + 6 hex digits
+    subprocess.run(["ip", "netns", "add", decoy], check=True)
+    try:
+        for d, proc in procs.items():
+            wait_for(lambda: lc.cluster_file(d).exists() and lc.load(d).nodes[0].pid, f"node started in {d}")
+            proc.kill()
+            proc.wait()
+        os.kill(lc.load(stale).nodes[0].pid, 9)
+        gone, kept = nh.load_hosts(stale), nh.load_hosts(in_use)
+        assert gone["prefix"] in netns_names() and gone["dir"] in open("/proc/mounts").read()
+        nh.up(fresh, nodes=1, disk_mb=16)
+        assert_all_removed(gone)
+        assert not (nh.REGISTRY_DIR / f"{gone['prefix']}.json").exists()
+        assert kept["prefix"] in netns_names() and kept["bridge"] in links() and decoy in netns_names()
+        assert kept["dir"] in open("/proc/mounts").read()
+    finally:
+        subprocess.run(["ip", "netns", "del", decoy], capture_output=True)
+        for d in (fresh, in_use, stale):
+            if nh.hosts_file(d).exists():
+                nh.down(d)
+    assert_all_removed(kept)
+    assert not (nh.REGISTRY_DIR / f"{kept['prefix']}.json").exists()
