@@ -201,7 +201,7 @@ def test_down_removes_what_a_crashed_up_left(tmp_path):
     nh._make_network(d, hosts, 2, lambda _m: None)
     nh._record(d, hosts, {"kind": "netns", "name": "xrcrash-never-made"})
     assert "xrcrash-n1" in netns_names()
-    # A process left running in a namespace (a relay or node of the crashed harness) is killed.
+    # A process left running in a namespace (a netem shaper or node of the crashed harness) is killed.
     left = subprocess.Popen(["ip", "netns", "exec", "xrcrash-n1", "sleep", "600"])
     result = CliRunner().invoke(cli.main, ["hosts", "down", "--dir", d])
     assert result.exit_code == 0, result.output
