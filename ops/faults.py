@@ -9,16 +9,15 @@ namespace's clients are never cut: the faults act inside the node namespaces.
   Shapes: random halves, the leader isolated, a majority ring (each node hears
   itself and its two neighbours: a majority of 5, and no two nodes share their
   majority), one way (a node hears nobody while everyone hears it).
-- netem: delay with jitter, loss, duplication, reordering on the node's eth0, when
-  the kernel has sch_netem. Without it (this kernel has no qdiscs at all):
-  delay with jitter goes through a userspace relay in the node's namespace (ops/
-  netem_relay.py: nft NAT redirects the node's TCP on the gRPC and RESP ports to it,
-  and it holds what the node sends delay ± jitter, in order); loss is an nft rule
-  dropping a random share of input (`numgen random`); duplication and reordering
-  raise FaultUnsupported (TCP would hide them from xraft anyway: the receiving kernel
-  drops duplicates and puts segments back in order). heal_network stops the relays
-  (their pids are in DIR/netem-relay-<netns>.pid, so a later heal or `hosts down`
-  finds them after a crash of the harness too) and deletes the rules.
+- netem: delay with jitter, loss, duplication, reordering of what the node SENDS, by tc
+  netem on its eth0 where the kernel has sch_netem. Without it (this kernel has no qdiscs
+  at all), by a userspace shaper in the node's namespace (ops/tun_shaper.py): /32 routes
+  to every other cluster address (peers, spares, the bridge its clients come through) go
+  into a TUN device it owns, and it re-emits each packet on eth0 lost, duplicated, held
+  delay ± jitter, or held back a gap while later ones pass. Inbound is untouched, as with
+  netem. heal_network stops the shaper (its pid is in DIR/netem-shaper-<netns>.pid, so a
+  later heal or `hosts down` finds it after a crash of the harness too); its TUN device
+  and routes die with it. No /dev/net/tun and no sch_netem: FaultUnsupported.
 - processes: SIGKILL, SIGSTOP/SIGCONT, restart from disk.
 - clocks: the node's wall clock offset through libfaketime's offset file (skew),
   and a strobe thread that flips it back and forth.
@@ -44,15 +43,19 @@ from pathlib import Path
 from typing import Optional
 
 from . import local_cluster as lc
-from . import netem_relay as relay
+from . import tun_shaper as shaper
 from . import netns_hosts as nh
 
 NFT_TABLE = "xraft_nemesis"
 BALLAST = ".nemesis-ballast"
 MAX_SKEW_S = 3600.0
 KILL_WAIT_S = 5.0
-RELAY_START_S = 15.0
 RESTART_TIMEOUT_S = 60.0   # a restarted node logs ready within this (a loaded CI machine included)
+SHAPER_START_S = 15.0
+SHAPER_STOP_S = 2.0
+# netem's reorder sends the reordered packets at once and delays the rest; the shaper holds
+# the reordered ones back instead, by the delay or at least this much.
+MIN_REORDER_GAP_MS = 10
 
 
 class FaultUnsupported(nh.HostsError):
@@ -66,7 +69,7 @@ class Faults:
         self.rng = rng or random.Random()
         self._strobe: Optional[threading.Thread] = None
         self._strobe_stop = threading.Event()
-        self._relays: dict = {}      # netns -> the relay Popen this process started (reaped on stop)
+        self._shapers: dict = {}     # netns -> the shaper Popen this process started (reaped on stop)
         # How long restart_dead waits for a restarted node to log ready (its default).
         self.restart_timeout_s = RESTART_TIMEOUT_S
 
@@ -131,7 +134,7 @@ class Faults:
         for h in self.hosts["nodes"]:
             nh.sh("nft", "delete", "table", "inet", NFT_TABLE, netns=h["netns"], check=False)
             nh.sh("tc", "qdisc", "del", "dev", "eth0", "root", netns=h["netns"], check=False)
-            self._stop_relay(h["netns"])
+            self._stop_shaper(h["netns"])
         return "network healed"
 
     # -- netem ------------------------------------------------------------------------
@@ -144,16 +147,12 @@ class Faults:
 
     def netem(self, node_id: int, delay_ms: int = 0, jitter_ms: int = 0, loss_pct: float = 0,
               duplicate_pct: float = 0, reorder_pct: float = 0) -> str:
-        """tc netem on the node's eth0; without sch_netem, delay through the relay and loss
-        through nft, and FaultUnsupported for duplication and reordering (module doc)."""
+        """tc netem on the node's eth0; without sch_netem the TUN shaper (module doc)."""
         ns = self._host(node_id)["netns"]
         if not self.netem_supported():
-            if duplicate_pct or reorder_pct:
-                raise FaultUnsupported("duplication and reordering need tc netem, and this kernel has no qdiscs "
-                                       "(no sch_netem); through TCP xraft would not see them anyway (the receiving "
-                                       "kernel drops duplicates and restores the order)")
-            done = [self._relay_delay(node_id, ns, delay_ms, jitter_ms)] if delay_ms else []
-            return "; ".join(done + ([self._nft_loss(node_id, ns, loss_pct)] if loss_pct else [])) or "no netem"
+            return self._shape(node_id, ns, shaper.Shape(
+                delay_ms, jitter_ms, loss_pct, duplicate_pct, reorder_pct,
+                max(delay_ms, MIN_REORDER_GAP_MS) if reorder_pct else 0).validate())
         args = ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem"]
         if delay_ms:
             args += ["delay", f"{delay_ms}ms", f"{jitter_ms}ms"]
@@ -166,49 +165,53 @@ class Faults:
         nh.sh(*args, netns=ns)
         return f"netem on {node_id}: {' '.join(args[6:])}"
 
-    def _relay_pidfile(self, ns: str) -> Path:
-        return Path(self.dir) / f"netem-relay-{ns}.pid"
+    def _shaper_pidfile(self, ns: str) -> Path:
+        return Path(self.dir) / f"netem-shaper-{ns}.pid"
 
-    def _relay_delay(self, node_id: int, ns: str, delay_ms: int, jitter_ms: int) -> str:
-        """Start the delay relay in the node's namespace, then point the NAT rules at it."""
-        self._stop_relay(ns)
+    def _shape(self, node_id: int, ns: str, shape: shaper.Shape) -> str:
+        """Start the TUN shaper in the node's namespace; it routes the node's traffic to the
+        other cluster addresses through itself once it prints "ready"."""
+        if not os.path.exists("/dev/net/tun"):
+            raise FaultUnsupported("netem faults need tc netem (sch_netem) or /dev/net/tun, and this machine has "
+                                   "neither")
+        self._stop_shaper(ns)
         address = self._host(node_id)["address"]
-        log = open(Path(self.dir) / f"netem-relay-{ns}.log", "ab")
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "xraft.ops.netem_relay",
-                                 "--address", address, "--delay-ms", str(delay_ms), "--jitter-ms", str(jitter_ms),
-                                 "--seed", str(self.rng.randrange(1 << 30))],
-                                stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        targets = [h["address"] for h in self.hosts["nodes"] if h["address"] != address]
+        targets.append(self.hosts["bridge_address"])
+        log = open(Path(self.dir) / f"netem-shaper-{ns}.log", "ab")
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "xraft.ops.tun_shaper", "--address", address,
+             "--targets", ",".join(targets), "--delay-ms", str(shape.delay_ms), "--jitter-ms", str(shape.jitter_ms),
+             "--loss-pct", str(shape.loss_pct), "--duplicate-pct", str(shape.duplicate_pct),
+             "--reorder-pct", str(shape.reorder_pct), "--gap-ms", str(shape.gap_ms),
+             "--seed", str(self.rng.randrange(1 << 30))],
+            stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         log.close()
-        self._relays[ns] = proc
-        # `ip netns exec` execs in place: proc.pid is the relay itself.
-        self._relay_pidfile(ns).write_text(f"{proc.pid}\n")
-        ready, _, _ = select.select([proc.stdout], [], [], RELAY_START_S)
+        self._shapers[ns] = proc
+        # `ip netns exec` execs in place: proc.pid is the shaper itself.
+        self._shaper_pidfile(ns).write_text(f"{proc.pid}\n")
+        ready, _, _ = select.select([proc.stdout], [], [], SHAPER_START_S)
         line = proc.stdout.readline() if ready else b""
         proc.stdout.close()
-        if not line.startswith(b"listening"):
-            self._stop_relay(ns)
-            raise nh.HostsError(f"the delay relay in {ns} did not start within {RELAY_START_S:g}s "
-                                f"(see {self.dir}/netem-relay-{ns}.log)")
-        nh.sh("nft", "-f", "-", netns=ns,
-              input_=relay.nft_rules(NFT_TABLE, address, (nh.GRPC_PORT, nh.RESP_PORT), nh.GRPC_PORT))
-        return f"delay {delay_ms}ms ±{jitter_ms}ms on {node_id} (TCP relay; no netem here)"
+        if not line.startswith(b"ready"):
+            self._stop_shaper(ns)
+            raise nh.HostsError(f"the netem shaper in {ns} did not start within {SHAPER_START_S:g}s "
+                                f"(see {self.dir}/netem-shaper-{ns}.log)")
+        parts = [f"delay {shape.delay_ms:g}ms ±{shape.jitter_ms:g}ms" if shape.delay_ms else "",
+                 f"loss {shape.loss_pct:g}%" if shape.loss_pct else "",
+                 f"duplicate {shape.duplicate_pct:g}%" if shape.duplicate_pct else "",
+                 f"reorder {shape.reorder_pct:g}% gap {shape.gap_ms:g}ms" if shape.reorder_pct else ""]
+        return f"netem on {node_id}: {' '.join(p for p in parts if p) or 'nothing'} (TUN shaper; no sch_netem here)"
 
-    def _stop_relay(self, ns: str) -> None:
-        proc = self._relays.pop(ns, None)
-        pidfile = self._relay_pidfile(ns)
+    def _stop_shaper(self, ns: str) -> None:
+        proc = self._shapers.pop(ns, None)
+        pidfile = self._shaper_pidfile(ns)
         with contextlib.suppress(FileNotFoundError, ValueError):
-            stop_relay_pid(int(pidfile.read_text()))
+            stop_shaper_pid(int(pidfile.read_text()))
         if proc is not None:
             proc.kill()
             proc.wait(KILL_WAIT_S)
         pidfile.unlink(missing_ok=True)
-
-    def _nft_loss(self, node_id: int, ns: str, loss_pct: float) -> str:
-        share = max(0, min(100, int(loss_pct)))
-        nh.sh("nft", "-f", "-", netns=ns, input_=(
-            f"table inet {NFT_TABLE} {{\n chain loss {{ type filter hook input priority 1; policy accept;\n"
-            f"  ip saddr != {self.hosts['bridge_address']} numgen random mod 100 < {share} drop\n }}\n}}\n"))
-        return f"loss {share}% on {node_id} (nft numgen; no netem here)"
 
     # -- processes --------------------------------------------------------------------
     def signal(self, node_id: int, sig: signal.Signals) -> str:
@@ -326,13 +329,26 @@ class Faults:
                 self.restart_dead(restart_timeout)]
 
 
-def stop_relay_pid(pid: int) -> None:
-    """SIGKILL pid if it still is a delay relay (a pid file may outlive its process, and the
-    pid be reused by another)."""
+def stop_shaper_pid(pid: int) -> None:
+    """Stop pid if it still is a netem shaper (a pid file may outlive its process, and the
+    pid be reused by another): SIGTERM (it logs its counters), SIGKILL if it lingers, and
+    wait until it has exited: its TUN device (a fixed name a new shaper takes) goes only
+    when its last descriptor closes."""
+    for sig, wait_s in ((signal.SIGTERM, SHAPER_STOP_S), (signal.SIGKILL, KILL_WAIT_S)):
+        if not _is_shaper(pid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while _is_shaper(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _is_shaper(pid: int) -> bool:
+    """True while pid runs the shaper (a zombie has closed its descriptors: no longer)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return
-    if b"xraft.ops.netem_relay" in cmdline:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return b"xraft.ops.tun_shaper" in cmdline and state not in ("Z", "X")

@@ -83,7 +83,8 @@ def hosts_status(dir_, as_json):
 
 
 FAULTS = ("partition-halves", "partition-leader", "partition-ring", "partition-one-way", "heal-network",
-          "loss", "delay", "kill", "stop", "cont", "restart", "skew", "strobe", "heal-clocks", "fill-disk", "free-disks",
+          "loss", "delay", "duplicate", "reorder", "kill", "stop", "cont", "restart", "skew", "strobe", "heal-clocks",
+          "fill-disk", "free-disks",
           "power-cut", "heal-all")
 
 
@@ -93,7 +94,7 @@ FAULTS = ("partition-halves", "partition-leader", "partition-ring", "partition-o
 @click.option("--node", "node_id", type=int, help="The victim (default: a random node).")
 @click.option("--seconds", type=float, default=10.0, show_default=True,
               help="skew: the offset (negative: backward); strobe: the ± swing; loss: the percentage; "
-              "delay: milliseconds (jitter a quarter of it).")
+              "delay: milliseconds (jitter a quarter of it); duplicate, reorder: the percentage.")
 @click.option("--seed", type=int, help="Random choices (halves, victims) from this seed.")
 def hosts_fault(dir_, kind, node_id, seconds, seed):
     """Inject or heal one fault by hand."""
@@ -104,6 +105,8 @@ def hosts_fault(dir_, kind, node_id, seconds, seed):
         "partition-ring": f.partition_ring, "partition-one-way": f.partition_one_way,
         "heal-network": f.heal_network, "loss": lambda: f.netem(victim, loss_pct=seconds),
         "delay": lambda: f.netem(victim, delay_ms=int(seconds), jitter_ms=int(seconds) // 4),
+        "duplicate": lambda: f.netem(victim, duplicate_pct=seconds),
+        "reorder": lambda: f.netem(victim, reorder_pct=seconds),
         "kill": lambda: f.kill(victim), "stop": lambda: f.signal(victim, signal.SIGSTOP),
         "cont": lambda: f.signal(victim, signal.SIGCONT), "restart": f.restart_dead,
         "skew": lambda: f.skew(victim, seconds), "heal-clocks": f.heal_clocks,

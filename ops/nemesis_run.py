@@ -35,8 +35,6 @@ DEFAULT_KINDS = ("partition", "kill", "pause", "clock", "disk")
 NEMESIS_NODE_ARGS = ("--snapshot-entries=200", "--tick-ms=50")
 SETTLE_TIMEOUT_S = 90.0
 NETEM_DELAYS_MS = (30, 100, 250)
-# Reported under faults_unsupported when the netem kind runs without sch_netem.
-NETEM_PARTIAL = "netem-duplicate-reorder"
 DRAIN_LIMIT = 10_000        # XREADGROUP batches in the final drain
 FIRST_ROUND_GRACE_S = 120.0  # how long a run may go past --time to inject its first round
 
@@ -135,12 +133,9 @@ class Nemesis(threading.Thread):
             return self.members.inject()
         if kind == "netem":
             delay_ms = self.rng.choice(NETEM_DELAYS_MS)
-            try:
-                return f.netem(victim, delay_ms=delay_ms, jitter_ms=delay_ms // 2, loss_pct=20, duplicate_pct=5,
-                               reorder_pct=10)
-            except fl.FaultUnsupported as e:      # no sch_netem: delay (relay) and loss (nft) only
-                self.skipped.setdefault(NETEM_PARTIAL, str(e))
-                return f.netem(victim, delay_ms=delay_ms, jitter_ms=delay_ms // 2, loss_pct=20)
+            # tc netem, or the TUN shaper without sch_netem: all four on what the victim sends.
+            return f.netem(victim, delay_ms=delay_ms, jitter_ms=delay_ms // 2, loss_pct=20, duplicate_pct=5,
+                           reorder_pct=10)
         raise ValueError(f"unknown nemesis kind {kind!r}")
 
     def heal(self, kind: str) -> str:

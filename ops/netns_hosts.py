@@ -12,7 +12,7 @@
 The network: a bridge in the root namespace holding 10.<a>.<b>.1/24 (clients run in the
 root namespace and reach every node through it), and per node a veth pair, one end on
 the bridge and the other, eth0, in namespace <prefix>-n<id> with 10.<a>.<b>.<10+id>.
-Network faults (ops/faults.py) are nft rules, qdiscs and delay relays inside the node
+Network faults (ops/faults.py) are nft rules, qdiscs and TUN shapers inside the node
 namespaces, so they die with the namespaces too (`down` kills what still runs in one).
 
 `up` first sweeps what crashed harnesses left (sweep): their names, creators and dirs are
@@ -466,7 +466,7 @@ def _remove(res: dict) -> bool:
     if kind == "netns":
         if res["name"] not in sh("ip", "netns", "list"):
             return True
-        # Whatever still runs in it (a delay relay of ops/faults.py a crashed harness left,
+        # Whatever still runs in it (a netem shaper of ops/faults.py a crashed harness left,
         # a node it never stopped) would keep the namespace alive after `ip netns del`.
         for pid in sh("ip", "netns", "pids", res["name"], check=False).split():
             with contextlib.suppress(ProcessLookupError, ValueError):

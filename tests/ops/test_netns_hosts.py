@@ -137,7 +137,7 @@ def test_full_disk_is_enospc_for_that_node_only(cluster):
 
 
 def _min_ping_ms(resp_addr: str, pings: int = 5) -> float:
-    """The fastest of a few PINGs on a NEW connection (the delay relay catches new ones)."""
+    """The fastest of a few PINGs."""
     r = lc.resp_client(resp_addr, 10.0)
     try:
         best = float("inf")
@@ -150,24 +150,9 @@ def _min_ping_ms(resp_addr: str, pings: int = 5) -> float:
         r.close()
 
 
-def relay_pids() -> list:
-    """Running delay relays (not zombies: a relay this process started and a fresh Faults
-    killed is reaped only by the dropped Popen's parent, here the test process)."""
-    out = subprocess.run(["pgrep", "-f", "xraft.ops.netem_relay"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split() if _state(int(p)) not in ("Z", "X", None)]
-
-
-def _state(pid: int):
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
 def test_delay_raises_the_rtt_to_that_node_and_heal_removes_it(cluster):
-    """Delay with jitter on a kernel without netem: the relay adds about the delay to a
-    request's round trip (lower bound only), the node still serves, and heal removes the
-    relay and its rules."""
+    """Delay with jitter on a kernel without netem: the TUN shaper (ops/tun_shaper.py)
+    holds the node's replies about the delay (lower bound only), and heal removes it."""
     f = fl.Faults(cluster)
     node = lc.load(cluster).node(2)
     ns = nh.netns_of(cluster, 2)
@@ -177,30 +162,27 @@ def test_delay_raises_the_rtt_to_that_node_and_heal_removes_it(cluster):
         assert "delay 300ms" in detail
         # Each PING's reply is held at least delay - jitter.
         assert _min_ping_ms(node.resp) >= delay_ms - jitter_ms
-        assert relay_pids()
     finally:
         f.heal_network()
-    assert not relay_pids()
-    assert fl.NFT_TABLE not in nh.sh("nft", "list", "tables", netns=ns)
+    assert "xrshape" not in nh.sh("ip", "route", netns=ns)
     assert wait_for(lambda: _try(lambda: _min_ping_ms(node.resp, 1)), "PING after the heal")
 
 
-def test_heal_after_a_harness_crash_stops_the_relay(cluster):
-    """The relay's pid file lets another process (a later run, `hosts fault heal`) stop it."""
-    fl.Faults(cluster).netem(3, delay_ms=50)
-    assert relay_pids()
-    fl.Faults(cluster).heal_network()      # a fresh Faults: the one that started it is gone
-    assert not relay_pids()
-
-
-def test_duplication_and_reordering_are_refused_without_netem(cluster):
+def test_nodes_serve_under_duplication_and_reordering(cluster):
+    """The netem faults TCP hides from xraft (the kernel drops duplicates and restores the
+    order): the victim still serves PING and writes, and its peers still hear it."""
     f = fl.Faults(cluster)
-    if f.netem_supported():
-        pytest.skip("this kernel has tc netem")
-    for kwargs in ({"duplicate_pct": 5}, {"reorder_pct": 10}):
-        with pytest.raises(fl.FaultUnsupported, match="TCP"):
-            f.netem(1, delay_ms=10, **kwargs)
-    assert not relay_pids()
+    victim = wait_for(lambda: leader_row(cluster), "a leader")["id"]
+    try:
+        f.netem(victim, delay_ms=10, duplicate_pct=30, reorder_pct=30)
+        _min_ping_ms(lc.load(cluster).node(victim).resp, 3)      # each PING answered (PONG)
+        client = wl.Resp([n.resp for n in lc.load(cluster).nodes], __import__("random").Random(2))
+        try:
+            wait_for(lambda: _try(lambda: client.call("XADD", "shaped", "*", "f", "v")), "a write under dup+reorder")
+        finally:
+            client.close()
+    finally:
+        f.heal_network()
 
 
 def test_kill_and_restart(cluster):
@@ -242,7 +224,7 @@ def test_down_removes_what_a_crashed_up_left(tmp_path):
     nh._make_network(d, hosts, 2, lambda _m: None)
     nh._record(d, hosts, {"kind": "netns", "name": "xrcrash-never-made"})
     assert "xrcrash-n1" in netns_names()
-    # A process left running in a namespace (a relay or node of the crashed harness) is killed.
+    # A process left running in a namespace (a netem shaper or node of the crashed harness) is killed.
     left = subprocess.Popen(["ip", "netns", "exec", "xrcrash-n1", "sleep", "600"])
     result = CliRunner().invoke(cli.main, ["hosts", "down", "--dir", d])
     assert result.exit_code == 0, result.output
