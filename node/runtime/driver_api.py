@@ -130,6 +130,9 @@ class GroupOptions:
     max_inbox_messages: int = 20_000  # inbound messages queued while busy; beyond: dropped
     max_pending_reads: int = 20_000
     snapshot_entries: int = 10_000  # snapshot once this many entries were applied since the last
+    # ... or once this many bytes of entries were (and at least the last image's size): what a
+    # restart replays stays bounded when records are big (XADD batches of thousands).
+    snapshot_bytes: int = 64 << 20
     snapshot_keep_entries: int = 1_000  # entries kept behind a snapshot for slow followers
     # Commit-index-only hard states are written without fsync (a lower commit on disk
     # is safe: Raft re-learns it); this bounds how many may sit unsynced in the WAL buffer.
@@ -146,7 +149,7 @@ class GroupOptions:
     def validate(self) -> None:
         for name in ("max_inflight_proposals", "max_proposal_bytes", "max_proposals_per_ready",
                      "max_inbox_messages", "max_pending_reads", "snapshot_entries",
-                     "max_unsynced_commit_saves"):
+                     "snapshot_bytes", "max_unsynced_commit_saves"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"GroupOptions.{name} must be > 0")
         if self.snapshot_keep_entries < 0:

@@ -192,6 +192,8 @@ class GroupDriver:
             invariant(sm.applied_index == snap.metadata.index, "state machine restored to the snapshot index")
         self.applied = snap.metadata.index  # Invariant: everything <= applied is in the state machine
         self.snap_index = snap.metadata.index  # newest snapshot in storage
+        self.stats.last_snapshot_bytes = len(snap.data)
+        self._bytes_since_snap = 0  # entry bytes applied since the last image (_snapshot_due)
         self.conf_state = snap.metadata.conf_state  # configuration as of `applied`
         rng = random.Random(options.seed if options.seed is not None else int.from_bytes(os.urandom(8), "big"))
         self.rn = RawNode(Config(
@@ -740,6 +742,7 @@ class GroupDriver:
             latency_trace.mark("commit", rd.committed_entries[-1].index)
         for e in rd.committed_entries:
             self._apply(e)
+            self._bytes_since_snap += len(e.data)
         if latency_trace.ON and rd.committed_entries:
             latency_trace.mark("applied", rd.committed_entries[-1].index)
         for rs in rd.read_states:
@@ -756,6 +759,7 @@ class GroupDriver:
         self.sm.restore(snap.data, idx)
         invariant(self.sm.applied_index == idx, "state machine restored to the snapshot index")
         self.applied = self.snap_index = idx
+        self._bytes_since_snap = 0
         self.conf_state = snap.metadata.conf_state
         self.stats.snapshots_installed += 1
         self.stats.last_snapshot_bytes = len(snap.data)
@@ -804,11 +808,17 @@ class GroupDriver:
     # ------------------------------------------------ snapshots
 
     def _snapshot_due(self) -> bool:
-        return self.applied - self.snap_index >= self.options.snapshot_entries
+        # The byte budget is at least the last image's size: however large the state grows,
+        # writing images costs about one byte per byte logged, and a restart reads at most
+        # about twice the state (image + log).
+        o = self.options
+        return (self.applied - self.snap_index >= o.snapshot_entries
+                or self._bytes_since_snap >= max(o.snapshot_bytes, self.stats.last_snapshot_bytes))
 
     async def _make_snapshot(self) -> None:
         """State machine image at `applied` -> snapshot file -> compact the log (executor)."""
         index, cs, data = self.applied, self.conf_state, self.sm.snapshot()
+        self._bytes_since_snap = 0
         keep = self.options.snapshot_keep_entries
         await self.host.loop.run_in_executor(self.host.executor, self.storage.create_snapshot,
                                              index, cs, data, keep)
