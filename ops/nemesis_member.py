@@ -122,11 +122,16 @@ class Members:
         faults' heal (Faults.ids, from hosts.json) must never meet a member that cluster.json
         lacks (a member soak's final heal failed on "no node 8" when the start could not run).
         An error here (the lock not had in time) leaves it a spare: nothing half recorded."""
+        replaces = next((h.get("replaces") for h in self.faults.hosts["nodes"] if h["id"] == node_id), None)
         with nh.locked_waiting(self.dir, self.start_timeout):
             cluster = lc.load(self.dir)
             if not any(n.id == node_id for n in cluster.nodes):
                 cluster.nodes.append(nh.spare_node(self.dir, node_id, join=seed))
-                lc.save(cluster)
+            # The node it replaces is gone for good, and at the same address: left in
+            # cluster.json it would be in every later start's --peers beside its replacement,
+            # which xraft-node refuses ("two nodes share an address"; a member soak's restart).
+            cluster.nodes = [n for n in cluster.nodes if n.id != replaces]
+            lc.save(cluster)
         self._mark(node_id)
 
     def _ensure_running(self, node_id: int) -> None:
