@@ -469,12 +469,21 @@ def node_state(node, keys) -> dict:
     r = rclient(node, 5.0)
     try:
         r.execute_command("READONLY")
-        out = {}
-        for k in keys:
-            out[k] = {"range": r.xrange(k),
-                      "full": r.execute_command("XINFO", "STREAM", k, "FULL", "COUNT", "0"),
-                      "groups": r.execute_command("XINFO", "GROUPS", k)}
-        return out
+        # A follower that knows no leader for a moment (an election after a restart) refuses
+        # even a stale read with NOTLEADER: asked again, within a liveness bound.
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                out = {}
+                for k in keys:
+                    out[k] = {"range": r.xrange(k),
+                              "full": r.execute_command("XINFO", "STREAM", k, "FULL", "COUNT", "0"),
+                              "groups": r.execute_command("XINFO", "GROUPS", k)}
+                return out
+            except redis.exceptions.ResponseError as e:
+                if not str(e).startswith("NOTLEADER") or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         r.close()
 
