@@ -434,6 +434,13 @@ def sweep(progress: lc.Progress = lambda _m: None) -> list:
         m = HARNESS_NAME.match(name)
         if m and not m.group(2).startswith("-n"):
             found.setdefault(m.group(1), {"netns": [], "link": []})["link"].append(name)
+    # Registered harnesses with nothing left in the kernel: another sweep (a parallel `up`)
+    # removed their namespaces but not all the rest (the two raced), so the registry entry
+    # and maybe a mount are all that is left.
+    if REGISTRY_DIR.is_dir():
+        for entry_file in REGISTRY_DIR.glob("xr*.json"):
+            if re.fullmatch(r"xr[0-9a-f]{6}", entry_file.stem):
+                found.setdefault(entry_file.stem, {"netns": [], "link": []})
     swept = []
     for prefix, names in sorted(found.items()):
         if not _stale(prefix, names["netns"]):
@@ -462,7 +469,8 @@ def _remove(res: dict) -> bool:
             if subprocess.run(["umount", res["path"]], capture_output=True).returncode == 0:
                 return True
             time.sleep(0.1)   # a node that was just killed may still hold files open
-        return subprocess.run(["umount", "-l", res["path"]], capture_output=True).returncode == 0
+        return subprocess.run(["umount", "-l", res["path"]], capture_output=True).returncode == 0 \
+            or not os.path.ismount(res["path"])
     if kind == "netns":
         if res["name"] not in sh("ip", "netns", "list"):
             return True
@@ -471,9 +479,14 @@ def _remove(res: dict) -> bool:
         for pid in sh("ip", "netns", "pids", res["name"], check=False).split():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), 9)
-        return subprocess.run(["ip", "netns", "del", res["name"]], capture_output=True).returncode == 0
+        # A failed del counts as done when the namespace is gone anyway: a parallel sweep (another
+        # `up`) removing the same stale harness won the race.
+        return subprocess.run(["ip", "netns", "del", res["name"]], capture_output=True).returncode == 0 \
+            or res["name"] not in sh("ip", "netns", "list")
     if kind == "link":
-        if subprocess.run(["ip", "link", "show", res["name"]], capture_output=True).returncode != 0:
+        def gone() -> bool:
+            return subprocess.run(["ip", "link", "show", res["name"]], capture_output=True).returncode != 0
+        if gone():
             return True
-        return subprocess.run(["ip", "link", "del", res["name"]], capture_output=True).returncode == 0
+        return subprocess.run(["ip", "link", "del", res["name"]], capture_output=True).returncode == 0 or gone()
     raise HostsError(f"unknown resource kind {kind!r} in {HOSTS_FILE}")
