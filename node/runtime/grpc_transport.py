@@ -247,6 +247,9 @@ class GrpcTransport:
                                          {"check_incarnation": check_incarnation}), **(clocks or {}))
         self._clock_listeners: list[Callable[[], None]] = []
         self.handler: Optional[TransportHandler] = None
+        # Called with a peer's id when it refuses our link for configuration (we are not, or no
+        # longer, its peer): the node above may hold an old slot map (membership.py).
+        self.on_config_refusal: Optional[Callable[[int], None]] = None
         self.port: Optional[int] = None  # bound by serve()
         self._server: Optional[grpc.aio.Server] = None
         self._links: dict[int, _Link] = {}
@@ -462,6 +465,11 @@ class GrpcTransport:
                 raise
             except Exception as exc:  # every failure of one link is that link's business only
                 config_error = self._log_link_failure(link, exc)
+                if config_error and self.on_config_refusal is not None:
+                    try:
+                        self.on_config_refusal(link.peer)
+                    except Exception:
+                        log.exception("node %d: on_config_refusal failed", self.node_id)
             finally:
                 was_up = link.state == _UP
                 link.state = _DOWN

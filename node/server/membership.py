@@ -19,6 +19,10 @@
                           replica) is closed and its directory deleted only once it is out of
                           the group's Raft configuration (its own applied one, or its leader's),
                           and only then is a newer replica of the group opened.
+                          A node cut off while it was removed never applies the map entries that
+                          remove it (its peers refuse it once the map says REMOVED): when a peer
+                          refuses its link, it reads the map from the other nodes (GetSlotMap)
+                          and leaves the groups a newer map no longer gives it too.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from ..raft.types import ConfChangeError, ConfChangeSingle, ConfChangeTransition
 from ..runtime.driver_api import DriverError
 from .config import NodeAddresses
 from .move_reconciler import run_rounds
+from .node_join import fetch_map
 from .slot_move_steps import MoveStepRefused, MoveSteps, MoveStepUnavailable
 
 log = logging.getLogger("xraft.membership")
@@ -46,6 +51,8 @@ PROPOSE_S = 5.0            # one conf change, on the leader
 CALL_S = 5.0               # one GroupMembership call, redirects and retries included
 IDLE_WAIT_S = 1.0          # nothing to do: look again after this (or on a new map)
 RETRY_S = 0.3              # something not done yet
+MAP_FETCH_EVERY_S = 5.0    # a refused node reads a peer's map at most this often
+MAP_FETCH_S = 2.0          # one GetSlotMap, per node asked
 MAX_MEMBERS = 64           # wanted voters + learners a request may name
 
 _CC_TYPE = {ADD_LEARNER: ConfChangeType.ADD_LEARNER_NODE, PROMOTE: ConfChangeType.ADD_NODE,
@@ -247,6 +254,9 @@ class MembershipFollower:
         self.calls = calls
         self._wake = asyncio.Event()
         self._removed_told = False
+        self._map_suspect = False       # a peer refused us: our map may be behind the cluster's
+        self._fetched_at = float("-inf")
+        self._newer: Optional[SlotMap] = None   # a peer's map newer than ours (_refresh_newer_map)
 
     def on_map(self, slot_map: SlotMap) -> None:
         """Peers and addresses now (the apply path: quick); groups in run()."""
@@ -286,21 +296,70 @@ class MembershipFollower:
             except Exception as exc:  # noqa: BLE001 - next map or next second tries again
                 log.info("following the map's groups failed (%r); retrying", exc)
 
+    def on_config_refusal(self, peer: int) -> None:
+        """The transport's hook: `peer` refused our link for configuration (its map does not
+        list us as a peer, or lists us REMOVED). Its map may be newer than ours."""
+        self._map_suspect = True
+        self._wake.set()
+
+    async def _refresh_newer_map(self, mine: SlotMap) -> Optional[SlotMap]:
+        """After a refusal: the newest map another node of our map answers (at most every
+        MAP_FETCH_EVERY_S), kept while it is newer than ours. Used only to leave groups and not
+        to reopen them; leaving still needs the group's configuration (its own or its
+        leader's) to say our replica is out, so an old or wrong map cannot make a replica
+        delete data it still owes the group."""
+        if self._newer is not None and self._newer.epoch <= mine.epoch:
+            self._newer = None                      # ours caught up
+        loop = asyncio.get_running_loop()
+        if not self._map_suspect or loop.time() - self._fetched_at < MAP_FETCH_EVERY_S:
+            return self._newer
+        self._fetched_at = loop.time()
+        node, best = self.node, None
+        for nid, spec in sorted(mine.nodes.items()):
+            if nid == node.cfg.id or spec.state is NodeState.REMOVED:
+                continue
+            try:
+                got = await fetch_map(spec.grpc, node.tls, node.token, MAP_FETCH_S)
+            except Exception as exc:  # noqa: BLE001 - another node may answer
+                log.info("node %d: reading node %d's slot map: %r", node.cfg.id, nid, exc)
+                continue
+            if got is not None and (best is None or got.epoch > best.epoch):
+                best = got
+        if best is None:
+            return self._newer                      # nobody answered: ask again later
+        if best.epoch <= mine.epoch:
+            self._map_suspect = False               # ours is current: the refusal was something else
+            return self._newer
+        self._newer = best
+        spec = best.nodes.get(node.cfg.id)
+        if spec is not None and spec.state is NodeState.REMOVED and not self._removed_told:
+            self._removed_told = True
+            log.warning("node %d is REMOVED from the cluster (a peer's map, epoch %d; ours is %d and will "
+                        "not catch up: its peers refuse it): it leaves its groups and serves nothing; "
+                        "stop it (its id never returns)", node.cfg.id, best.epoch, mine.epoch)
+        return best
+
     async def sync_groups(self) -> None:
         node, m, me = self.node, self.node.layout, self.node.cfg.id
+        newer = await self._refresh_newer_map(m)
+
+        def named(slot_map: SlotMap, gid: int, hosted: int) -> bool:
+            spec = slot_map.groups.get(gid)
+            return spec is not None and me in spec.replicas and spec.replica_id(me) == hosted
         # Replicas the map no longer names first: a node rejoining a group it has not closed
         # yet opens the new replica only once the old one is out (one replica per group here).
         for gid in sorted(node.backends):
-            spec = m.groups.get(gid)
             d = group_driver(node, gid)
             hosted = d.node_id if d is not None else me
-            if spec is not None and me in spec.replicas and spec.replica_id(me) == hosted:
+            if named(m, gid, hosted) and (newer is None or named(newer, gid, hosted)):
                 continue
             if await self._out_of_group(gid, hosted):
                 log.warning("node %d: replica %d is out of group %d's configuration: closing it, deleting "
                             "its data", me, hosted, gid)
                 await node.close_data_group(gid)
         for gid in m.groups_of_node(me):
+            if newer is not None and gid not in newer.groups_of_node(me):
+                continue                            # ours is old: the cluster took this group from us
             if gid not in node.backends:
                 rid = m.groups[gid].replica_id(me)
                 log.warning("node %d: joining group %d as replica %d (empty: the leader's snapshot fills it)",

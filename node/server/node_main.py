@@ -222,6 +222,7 @@ class Node:
         self.membership_calls = MembershipCalls(self, channel=tls_channels(self.tls))
         self.follower = MembershipFollower(self, self.membership_calls)
         self.follower.on_map(self.layout)            # peers added since the founding map
+        transport.on_config_refusal = self.follower.on_config_refusal
         # The groups the map gives this node, and those it still holds on disk (it leaves them
         # only once out of their Raft configuration: MembershipFollower).
         for gid in sorted(self.layout.groups):

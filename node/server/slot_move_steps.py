@@ -227,6 +227,10 @@ class MoveSteps:
                                       grpc.StatusCode.CANCELLED):
                     raise MoveStepRefused("%s at group %d: %s %s" % (op, group, exc.code().name, exc.details()))
                 resp, why = None, "%s: %s" % (target, exc.code().name)
+                if self._leader.get(group) == target and target in candidates:
+                    # A hung node (paused, a stuck disk) times out every attempt for the whole
+                    # step: the next call starts from the next replica, not from it again.
+                    self._leader[group] = candidates[(candidates.index(target) + 1) % len(candidates)]
             if resp is not None:
                 if resp.refused:
                     raise MoveStepRefused(resp.refused)

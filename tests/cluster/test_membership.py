@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from redis.cluster import RedisCluster
 
@@ -252,6 +253,41 @@ def test_add_resumes_after_kill_9_of_the_cli_and_the_meta_leader(cluster_factory
                                    if v != n)]
         wait_until(lambda: node_state(cluster.nodes[n], quiet[gid]) == node_state(other, quiet[gid]), 60,
                    "rejoined node %d's streams of group %d identical to node %d's" % (n, gid, other.id))
+
+
+def test_a_node_paused_through_its_removal_leaves_its_groups_when_it_wakes(cluster_factory):  # noqa: F811
+    """Node 3 is paused (SIGSTOP) while `node remove --id 3` swaps it out of every group and
+    marks it REMOVED: it never applies those map entries, and once it wakes its peers refuse
+    it, so its own map stays old for ever. It still leaves: a refused link makes it read a
+    peer's map, and it closes and deletes every data group that map no longer gives it (each
+    one's leader confirming its replica is out) and does not reopen them."""
+    cluster, seed, _, quiet, n4 = _start(cluster_factory)
+    r = _ctl(cluster, seed, "node", "add", "--id", "4", "--grpc", n4.grpc, "--resp", n4.resp, "--json")
+    assert r.returncode == 0, (r.stdout, r.stderr, cluster.logs()[-6000:])
+    held = lambda: sorted(d for d in os.listdir(cluster.nodes[3].data_dir)  # noqa: E731
+                          if d.startswith("group-") and d != "group-0")
+    assert held(), os.listdir(cluster.nodes[3].data_dir)
+    cluster.nodes[3].signal(signal.SIGSTOP)
+    try:
+        r = _ctl(cluster, seed, "node", "remove", "--id", "3", "--wait", "90")
+        assert r.returncode == 0, (r.stdout, r.stderr, cluster.logs()[-12000:])
+        assert held(), "node 3 is paused: nothing of it changed yet"
+    finally:
+        cluster.nodes[3].signal(signal.SIGCONT)
+    try:
+        wait_until(lambda: not held(), 60, "node 3 deleting the data of the groups it was removed from")
+        wait_until(lambda: "is REMOVED from the cluster" in cluster.nodes[3].log_text(), 10,
+                   "node 3 saying it is removed")
+    except AssertionError:
+        raise AssertionError("node 3 kept %r; its log ends:\n%s" % (
+            held(), cluster.nodes[3].log_text()[-6000:])) from None
+    time.sleep(3)                              # it does not reopen them from its old map
+    assert not held(), held()
+    raw = json.loads(_map_json(cluster, seed))
+    assert all(3 not in g["voters"] and not g["learners"] and len(g["voters"]) == 3 for g in raw["groups"]), raw
+    rc = _rc(cluster)
+    for gid, keys in quiet.items():
+        assert all(rc.xlen(k) > 0 for k in keys), (gid, keys)
 
 
 def _meta_leader(seed) -> int:
