@@ -374,14 +374,17 @@ def catch_up(cluster, seeds, out: dict) -> None:
     """A follower is stopped (SIGSTOP) while writes move the leader's snapshot past what its log
     keeps behind it, then continued: the leader can only send it a snapshot."""
     victim = follower_of(cluster)
-    leader = cb.wait_leader(cluster)
-    behind = int(lc.raft_info(victim.resp, timeout=5.0)["raft_applied_index"])
+    others = [n for n in cluster.nodes if n.id != victim.id]
+    # Its log's end, not its applied index: the leader may already have sent it more.
+    behind = int(lc.raft_info(victim.resp, timeout=5.0)["raft_last_index"])
     installed0 = int(lc.raft_info(victim.resp, timeout=5.0).get("raft_snapshots_installed", 0))
     os.kill(victim.pid, signal.SIGSTOP)
     try:
         def compacted_past() -> bool:
-            info = lc.raft_info(leader["resp"], timeout=5.0) or {}
-            return int(info.get("raft_snapshot_index", 0)) > behind + KEEP_ENTRIES + 1
+            # Every other node's log starts past the victim's (whichever of them leads now):
+            # snapshot index - KEEP_ENTRIES is where a log starts; a margin of KEEP_ENTRIES more.
+            infos = [lc.raft_info(n.resp, timeout=5.0) or {} for n in others]
+            return min(int(i.get("raft_snapshot_index", 0)) for i in infos) > behind + 2 * KEEP_ENTRIES + 1
         # small batches: many Raft records, so the leader snapshots and compacts soon
         written = uvloop.run(load(seeds, "gap", 1 << 40, cb.FIELDS, 10, "writes while a follower is stopped",
                                   stop=compacted_past))

@@ -94,7 +94,7 @@ from .read_index import ReadIndexQueue, settle
 
 log = logging.getLogger("xraft.driver")
 
-MAX_CHILD_FAILURES = 3  # snapshot children that failed before images are made in process
+MAX_CHILD_FAILURES = 3  # snapshot children failing in a row (a full disk, a crash) before images are made in process
 
 
 # The public surface (errors, protocols, options, status) lives in driver_api.py.
@@ -147,6 +147,7 @@ class GroupDriver:
         self._child_images = options.snapshot_in_child and snapshot_child.available()
         self._image_task: Optional[asyncio.Task] = None  # a child is imaging (at most one)...
         self._image: Optional[snapshot_child.ChildImage] = None  # ...this one
+        self._child_failures_in_row = 0  # MAX_CHILD_FAILURES in a row: images in process from then on
         self._image_done: Optional[tuple] = None  # (plan, tmp, data length): adopt at the next pump
         self.conf_state = snap.metadata.conf_state  # configuration as of `applied`
         rng = random.Random(options.seed if options.seed is not None else int.from_bytes(os.urandom(8), "big"))
@@ -801,7 +802,8 @@ class GroupDriver:
             n = await self._image.run()
         except snapshot_child.SnapshotChildError as exc:
             self.stats.snapshot_child_failures += 1
-            if self.stats.snapshot_child_failures >= MAX_CHILD_FAILURES:
+            self._child_failures_in_row += 1
+            if self._child_failures_in_row >= MAX_CHILD_FAILURES:
                 self._child_images = False
             log.warning("group %d node %d: snapshot at %d not made (%s)%s", self.group_id, self.node_id,
                         plan.meta.index, exc, "; making images in process from now on"
@@ -814,6 +816,7 @@ class GroupDriver:
             _unlink_quietly(tmp)
             return
         self.stats.snapshots_in_child += 1
+        self._child_failures_in_row = 0
         self._image_done = (plan, tmp, n)
         self.host.mark_dirty(self)
         self._run_host()
