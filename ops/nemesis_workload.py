@@ -95,6 +95,15 @@ class History:
 
 # -- RESP with redirects ---------------------------------------------------------------
 
+def _refused_connect(e: Exception) -> bool:
+    """redis-py's ConnectionError for a connect that was refused (ECONNREFUSED): it wraps the
+    OSError of the connect as the exception's context or cause."""
+    cause = e.__cause__ or e.__context__
+    if isinstance(cause, ConnectionRefusedError):
+        return True
+    return "Error 111 connecting to" in str(e)
+
+
 class Resp:
     """A RESP client for the cluster that follows MOVED and tries other nodes when one
     says it is not the leader or cannot be reached before anything was sent."""
@@ -121,10 +130,13 @@ class Resp:
             try:
                 return conn.execute_command(*args)
             except redis.exceptions.ConnectionError as e:
-                # Refused before sending is safe to retry, but redis-py does not say which
-                # part failed: treat every connection error as unknown, and move on.
                 addr = self.addr
                 self._forget()
+                if _refused_connect(e):
+                    # The TCP connect was refused, and this client never retries by itself
+                    # (lc.resp_client): the command was never sent.
+                    raise Failed(f"{addr}: {e}")
+                # Any other connection error may have come after the command went out.
                 raise Unknown(f"{addr}: {e}")
             except redis.exceptions.TimeoutError as e:
                 addr = self.addr
