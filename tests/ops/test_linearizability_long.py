@@ -59,7 +59,7 @@ def test_linearizable_histories_without_info_ops_are_accepted(ss):
     assert decide(simulate(ss))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(steps(), st.sampled_from(VIOLATIONS), st.floats(0, 1), st.booleans())
 def test_planted_violations_are_rejected(ss, violation, where, info):
     ops = simulate(ss if info else [s for s in ss if not s.info])
@@ -72,54 +72,43 @@ def test_planted_violations_are_rejected(ss, violation, where, info):
 
 
 @st.composite
-def small_register_histories(draw):
-    """Anything: random windows, info puts and gets, reads of any value (most are not linearizable)."""
-    n = draw(st.integers(1, 8))
+def small_histories(draw, kinds, max_ops, write_value, outputs):
+    """Anything: random windows, info writes and gets, reads of any of `outputs` (most of
+    these histories are not linearizable); write_value(draw, i) is the i-th op's value."""
+    n = draw(st.integers(1, max_ops))
     times = draw(st.permutations(list(range(2 * n))))
-    values = ["a", "b", "c", "d", "e", "f", "g", "h"]
     ops = []
     for i in range(n):
         a, b = sorted(times[2 * i: 2 * i + 2])
-        kind = draw(st.sampled_from(["get", "put"]))
+        kind = draw(st.sampled_from(kinds))
         info = draw(st.integers(0, 3)) == 0
         op = Op(i % 3, kind, "k", call=a, ret=INFINITY if info else b, indeterminate=info)
-        if kind == "put":
-            # unique values mostly (the workload's), a repeated one sometimes
-            op.value = values[i] if draw(st.integers(0, 4)) else "a"
-        elif not info:
-            op.output = draw(st.sampled_from([None] + values[:n]))
+        if kind == "get":
+            op.output = None if info else draw(st.sampled_from(outputs))
+        else:
+            op.value = write_value(draw, i)
         ops.append(op)
     return ops
 
 
+REGISTER_VALUES = ["a", "b", "c", "d", "e", "f", "g", "h"]
+# unique values mostly (the workload's), a repeated one sometimes
+registers = small_histories(["get", "put"], len(REGISTER_VALUES),
+                            lambda draw, i: REGISTER_VALUES[i] if draw(st.integers(0, 4)) else "a",
+                            [None] + REGISTER_VALUES)
+# the simulator's mix, where only info gets and info writes no read contains are reduced
+appends = small_histories(["get", "put", "append"], 7, lambda draw, i: draw(st.sampled_from(["a;", "b;", "c;"])),
+                          [None, "a;", "b;", "a;b;", "b;a;", "c;", "a;c;"])
+
+
 @settings(max_examples=600, deadline=None)
-@given(small_register_histories())
+@given(registers)
 def test_agrees_with_the_plain_search(ops):
     assert decide(ops) == plain(ops)
 
 
-@st.composite
-def small_append_histories(draw):
-    """Puts, appends and gets: the simulator's mix, where only info gets and info writes
-    no read contains are reduced."""
-    n = draw(st.integers(1, 7))
-    times = draw(st.permutations(list(range(2 * n))))
-    ops = []
-    for i in range(n):
-        a, b = sorted(times[2 * i: 2 * i + 2])
-        kind = draw(st.sampled_from(["get", "put", "append"]))
-        info = draw(st.integers(0, 2)) == 0
-        op = Op(i % 3, kind, "k", call=a, ret=INFINITY if info else b, indeterminate=info)
-        if kind == "get":
-            op.output = None if info else draw(st.sampled_from([None, "a;", "b;", "a;b;", "b;a;", "c;", "a;c;"]))
-        else:
-            op.value = draw(st.sampled_from(["a;", "b;", "c;"]))
-        ops.append(op)
-    return ops
-
-
 @settings(max_examples=400, deadline=None)
-@given(small_append_histories())
+@given(appends)
 def test_agrees_with_the_plain_search_with_appends(ops):
     assert decide(ops) == plain(ops)
 
