@@ -1,8 +1,12 @@
 """The nemesis checkers on hand-made histories: a clean one passes, and each anomaly is found
 by its checker (and only counted there). No cluster, no root: these run everywhere."""
+import random
+
 import pytest
 
 from xraft.ops import nemesis_check as nc
+
+from . import lin_histories
 
 
 class H:
@@ -110,6 +114,29 @@ def test_stale_read_is_not_linearizable():
 def test_read_of_an_unknown_write_is_linearizable():
     h = clean().op("reg-write", "r", "x3", 0.6, None, type_="info").op("reg-read", "r", None, 2.0, 2.1, result="x3")
     assert counts(h.final(**CLEAN_FINAL))["linearizable"] == 0
+
+
+def soak_register(violation=None) -> H:
+    """A soak-shaped register key (tests/ops/lin_histories.py: 3,000 ops, 59 info writes, the
+    plain search's 2,000,000 steps are not enough) as the workload records it."""
+    ops = lin_histories.simulate(lin_histories.soak_steps(random.Random(11)))
+    if violation:
+        ops = lin_histories.plant(ops, violation, ops[1500].call + 0.0005)
+    h = H()
+    for o in ops:
+        if o.kind == "put":
+            h.op("reg-write", "r", o.value, o.call, o.ret, type_="info" if o.indeterminate else "ok")
+        else:
+            h.op("reg-read", "r", None, o.call, o.ret, type_="info" if o.indeterminate else "ok", result=o.output)
+    return h
+
+
+def test_a_soak_shaped_register_key_is_decided():
+    result = nc.check(soak_register().final(**CLEAN_FINAL))
+    assert result["anomalies"]["linearizable"] == 0 and result["notes"] == []
+    bad = nc.check(soak_register("stale-read").final(**CLEAN_FINAL))
+    assert bad["anomalies"]["linearizable"] == 1 and bad["notes"] == []
+    assert bad["details"]["linearizable"][0]["detail"]["until"] > 40    # the planted read, mid-run
 
 
 def test_linearizability_over_budget_is_a_note_not_an_anomaly():
