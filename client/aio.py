@@ -191,6 +191,7 @@ class Client(Commands, DeadLetterCommands):
         self._next_iid = 0
         # Whether a server answered XAddResponse.idempotent_id_first_ok: from then on the
         # fresh ids go as one number (XAddRequest.idempotent_id_first), not one per entry.
+        # (None: never, whatever the server says: bench/ab_issue13.py's A/B of the two forms.)
         self._idempotent_id_first_ok = False
 
     def _iids(self, n: int) -> range:

@@ -100,7 +100,7 @@ class Commands:
             if fresh is not None and per_entry is None and not explicit:
                 req.idempotent_id_first = fresh.start     # entry i's id: hex of start + i, as above
         resp = await self._unary("XAdd", req, write=True, timeout=timeout, keys=req.key)
-        if resp.idempotent_id_first_ok:
+        if resp.idempotent_id_first_ok and self._idempotent_id_first_ok is False:
             self._idempotent_id_first_ok = True
         out = []
         new_id = StreamID
