@@ -8,7 +8,7 @@ per round, so a loaded machine's swings hit both sides alike (bench/README.md,
               consume() over six streams in six groups, against the same number read from
               one stream (one group) by one Consume session; fresh streams every round.
 
-    python bench/ab_issue13.py idmp [--rounds 4] [--seconds 4]
+    python bench/ab_issue13.py idmp [--rounds 4] [--seconds 4] [--per-entry-ids]
     python bench/ab_issue13.py crossshard [--rounds 3] [--entries 30000]
     (both: [--dir DIR], a work directory that must not exist; default a temporary one)
 
@@ -61,31 +61,41 @@ def _log_entries(cluster) -> int:
 
 def idmp(args, dir_: str) -> None:
     cluster = lc.up(dir_, nodes=3, fsync="always")
+    # Sides: plain batches, the IDMP producer as the SDK sends it (ids as first + count), and
+    # with --per-entry-ids also the IDMP producer sending one id per entry (the form before
+    # XAddRequest.idempotent_id_first), each on its own stream.
+    sides = ["plain", "IDMP"] + (["IDMP per-entry"] if args.per_entry_ids else [])
     try:
         bc.wait_leader(cluster)
         seeds = [n.grpc for n in cluster.nodes]
         pids = bc.cluster_pids(cluster)
-        sums = {False: 0.0, True: 0.0}
-        cpu = {False: [], True: []}
-        split = {False: [], True: []}
+        sums = {side: 0.0 for side in sides}
+        cpu = {side: [] for side in sides}
+        split = {side: [] for side in sides}
         for r in range(args.rounds):
             got = {}
-            for idempotent in ((False, True) if r % 2 == 0 else (True, False)):
-                key = ("idmp",) if idempotent else ("batch",)
-                got[idempotent], us = _measured(pids, lambda: uvloop.run(
-                    bc.sdk_batch(seeds, args.seconds, key, idempotent=idempotent)), split[idempotent])
-                sums[idempotent] += got[idempotent]
-                cpu[idempotent].append(us)
-            print(f"round {r + 1}: plain {got[False]:,.0f}/s  IDMP {got[True]:,.0f}/s  "
-                  f"ratio {got[True] / got[False]:.2f}  | CPU us/entry plain {cpu[False][-1]:.0f} "
-                  f"IDMP {cpu[True][-1]:.0f}  (load {bc.load_avg():.1f})", flush=True)
-        print(f"CPU per entry, median of rounds: plain {statistics.median(cpu[False]):.0f} us, "
-              f"IDMP {statistics.median(cpu[True]):.0f} us: plain/IDMP "
-              f"{statistics.median(cpu[False]) / statistics.median(cpu[True]):.2f}")
-        for side in (False, True):
-            print(("IDMP " if side else "plain") + " CPU us/entry per process (median): " + ", ".join(
+            for side in sides[r % len(sides):] + sides[:r % len(sides)]:     # the order rotates
+                key = ("batch", "idmp", "idmp-per-entry")[sides.index(side)]
+                got[side], us = _measured(pids, lambda: uvloop.run(bc.sdk_batch(
+                    seeds, args.seconds, (key,), idempotent=side != "plain",
+                    idmp_per_entry=side == "IDMP per-entry")), split[side])
+                sums[side] += got[side]
+                cpu[side].append(us)
+            print(f"round {r + 1}: plain {got['plain']:,.0f}/s  IDMP {got['IDMP']:,.0f}/s  "
+                  f"ratio {got['IDMP'] / got['plain']:.2f}  | CPU us/entry plain {cpu['plain'][-1]:.0f} "
+                  f"IDMP {cpu['IDMP'][-1]:.0f}" + "".join(
+                      f"  | {side} {got[side]:,.0f}/s ratio {got[side] / got['plain']:.2f} CPU us/entry "
+                      f"{cpu[side][-1]:.0f}" for side in sides[2:]) + f"  (load {bc.load_avg():.1f})", flush=True)
+        print(f"CPU per entry, median of rounds: plain {statistics.median(cpu['plain']):.0f} us, "
+              f"IDMP {statistics.median(cpu['IDMP']):.0f} us: plain/IDMP "
+              f"{statistics.median(cpu['plain']) / statistics.median(cpu['IDMP']):.2f}" + "".join(
+                  f", {side} {statistics.median(cpu[side]):.0f} us" for side in sides[2:]))
+        for side in sides:
+            print(f"{side} CPU us/entry per process (median): " + ", ".join(
                 f"{name} {statistics.median(s[name] for s in split[side]):.1f}" for name in split[side][0]))
-        print(f"summed: plain {sums[False]:,.0f}  IDMP {sums[True]:,.0f}  ratio {sums[True] / sums[False]:.2f}")
+        for side in sides[2:]:
+            print(f"summed {side}: {sums[side]:,.0f}  ratio to plain {sums[side] / sums['plain']:.2f}")
+        print(f"summed: plain {sums['plain']:,.0f}  IDMP {sums['IDMP']:,.0f}  ratio {sums['IDMP'] / sums['plain']:.2f}")
     finally:
         lc.down(dir_)
 
@@ -150,6 +160,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--entries", type=int, default=30_000)
+    ap.add_argument("--per-entry-ids", action="store_true",
+                    help="idmp: a third side, the IDMP producer sending one id per entry (the older form)")
     ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one); "
                                   "the cluster lives in DIR/cluster")
     args = ap.parse_args()

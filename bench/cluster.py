@@ -329,12 +329,16 @@ def redis_single_wait(port: int, seconds: float) -> tuple:
 
 # ----------------------------------------------------------------------------- xraft through the SDK
 
-async def sdk_batch(seeds, seconds: float, keys: tuple = ("batch",), idempotent: bool = False) -> float:
+async def sdk_batch(seeds, seconds: float, keys: tuple = ("batch",), idempotent: bool = False,
+                    idmp_per_entry: bool = False) -> float:
     """Entries/s of xadd_batch(100), BATCH_CONCURRENCY batches in flight on one client; each
     batch goes to the next of `keys` in turn (keys in several groups: the SDK sends each to
     its group's leader). `idempotent`: the SDK's IDMP producer (a producer id and one
-    idempotent id per entry, deduplicated by the replicated table) instead of plain XADDs."""
+    idempotent id per entry, deduplicated by the replicated table) instead of plain XADDs;
+    `idmp_per_entry`: its ids sent one per entry, never as XAddRequest.idempotent_id_first."""
     async with Client(seeds, idempotent_producer=idempotent) as c:
+        if idmp_per_entry:
+            c._idempotent_id_first_ok = None        # None: never learnt (client/aio.py)
         batch = [FIELDS] * BATCH
         turn = 0
 

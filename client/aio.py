@@ -189,6 +189,10 @@ class Client(Commands, DeadLetterCommands):
         self.producer_id = (to_bytes(producer_id) if producer_id is not None
                             else b"sdk-" + secrets.token_hex(12).encode())
         self._next_iid = 0
+        # Whether a server answered XAddResponse.idempotent_id_first_ok: from then on the
+        # fresh ids go as one number (XAddRequest.idempotent_id_first), not one per entry.
+        # (None: never, whatever the server says: bench/ab_issue13.py's A/B of the two forms.)
+        self._idempotent_id_first_ok = False
 
     def _iids(self, n: int) -> range:
         """n fresh idempotent ids (numbers; the caller renders them)."""

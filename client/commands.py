@@ -79,6 +79,8 @@ class Commands:
             entries = list(entries)
         idmp = idempotent_ids is not None or (self.idempotent_producer if idempotent is None else idempotent)
         fresh = self._iids(len(entries)) if idmp and idempotent_ids is None else None
+        # A server that reads idempotent_id_first gets the fresh ids as that one number.
+        per_entry = fresh if fresh is not None and not self._idempotent_id_first_ok else None
         explicit = False
         for i, e in enumerate(entries):
             if isinstance(e, tuple) and len(e) == 2 and not isinstance(e[1], (bytes, str)):
@@ -89,13 +91,17 @@ class Commands:
                 req.entries.append(xadd_entry_to_pb(fields, id))     # "<ms>-*" or an exact ID
                 explicit = True
                 continue
-            put = (add(idempotent_id=b"%x" % fresh[i]) if fresh is not None else add()).fields.add
+            put = (add(idempotent_id=b"%x" % per_entry[i]) if per_entry is not None else add()).fields.add
             for k, v in (fields.items() if isinstance(fields, dict) else fields):
                 put(name=k if k.__class__ is bytes else to_bytes(k),
                     value=v if v.__class__ is bytes else to_bytes(v))
         if idmp:
             self._set_idempotent_ids(req, idempotent_ids, explicit)
+            if fresh is not None and per_entry is None and not explicit:
+                req.idempotent_id_first = fresh.start     # entry i's id: hex of start + i, as above
         resp = await self._unary("XAdd", req, write=True, timeout=timeout, keys=req.key)
+        if resp.idempotent_id_first_ok and self._idempotent_id_first_ok is False:
+            self._idempotent_id_first_ok = True
         out = []
         new_id = StreamID
         for r in resp.results:

@@ -29,7 +29,8 @@ cdef enum:
     OPT_APPROX = 0x08
     OPT_LIMIT = 0x10
     OPT_IDMP = 0x20
-    OPTS_ALL = 0x3F
+    OPT_IDMP_SEQ = 0x40
+    OPTS_ALL = 0x7F
     XB_HEAD = 29                  # opts u8, thr_a u64, thr_b u64, limit u64, klen u32
     MIN_XENTRY = 13               # AUTO, npair=1, two empty strings
 # The limits (MAX_TXN_COMMANDS, MAX_ARGC, MAX_ARG_BYTES) are read from entry.py at each
@@ -62,7 +63,9 @@ def decode_xadd_batch(data, Py_ssize_t pos, Py_ssize_t end, n_obj):
     cdef int64_t n
     cdef unsigned int opts, kind
     cdef uint64_t a, b, limit, npair
-    cdef object ms, sq, key, pid = None, strategy, threshold
+    cdef object ms, sq, key, pid = None, strategy, threshold, first_obj = None
+    cdef uint64_t first = 0
+    cdef bint seq_form = False
     cdef list iids = None, entries, out
     cdef tuple fields
     if not 1 <= n_obj <= MAX_TXN_COMMANDS or n_obj * MIN_XENTRY > end - pos - XB_HEAD:
@@ -96,7 +99,19 @@ def decode_xadd_batch(data, Py_ssize_t pos, Py_ssize_t end, n_obj):
     pos += klen
     if opts & OPT_IDMP:
         pid, pos = entry._decode_sized(data, pos, end, 1, "IDMP producer")
-        iids = []
+        if opts & OPT_IDMP_SEQ:
+            if end - pos < 8:
+                raise CorruptEntry("XADD batch IDMP first id runs past the end")
+            first = _u64(d + pos)
+            pos += 8
+            if first > <uint64_t>0xFFFFFFFFFFFFFFFF - <uint64_t>(n - 1):
+                raise CorruptEntry("XADD batch IDMP ids from %d past 2**64-1" % first)
+            seq_form = True
+            first_obj = first
+        else:
+            iids = []
+    elif opts & OPT_IDMP_SEQ:
+        raise CorruptEntry("XADD batch IDMP_SEQ without IDMP")
     entries = []
     for i in range(n):
         if iids is not None:                # | ilen u32 | iid |, then an AUTO ID
@@ -114,6 +129,8 @@ def decode_xadd_batch(data, Py_ssize_t pos, Py_ssize_t end, n_obj):
         if kind == ID_AUTO:
             ms = sq = 0
             pos += 1
+        elif seq_form:
+            raise CorruptEntry("XADD batch IDMP entry without an auto ID")
         elif kind == ID_AUTO_SEQ:
             if end - pos < 9 + MIN_XENTRY - 1:
                 raise CorruptEntry("XADD batch entry ID runs past the end")
@@ -152,8 +169,10 @@ def decode_xadd_batch(data, Py_ssize_t pos, Py_ssize_t end, n_obj):
         entries.append((kind, ms, sq, fields))
     batch = entry.XAddBatch(key, bool(opts & OPT_NOMKSTREAM), strategy, bool(opts & OPT_APPROX), threshold,
                             limit if opts & OPT_LIMIT else None, tuple(entries), _slice(d, start, pos - start),
-                            pid, None if iids is None else tuple(iids))
+                            pid, hex_iids(first_obj, n) if seq_form else None if iids is None else tuple(iids),
+                            first_obj)
     return batch, pos
+
 
 
 cdef extern from "Python.h":
@@ -287,3 +306,36 @@ def encode_xentries(entries, idmp_iids):
 
 cdef object _reference(entries, idmp_iids):
     return sys.modules["xraft.node.fsm.entry"].PURE_KERNELS["_encode_xentries"](entries, idmp_iids)
+
+
+def hex_iids(first_obj, Py_ssize_t n):
+    """entry._hex_iids, compiled: n ids from first, lowercase hex without leading zeros
+    (the IDMP_SEQ form). Anything but an exact int with first + n - 1 <= 2**64-1: the
+    reference's answer."""
+    cdef uint64_t v, w
+    cdef Py_ssize_t i, k
+    cdef char buf[16]
+    cdef list out
+    if not PyLong_CheckExact(first_obj) or n < 0 or not (0 <= first_obj <= _U64_MAX_OBJ - max(n - 1, 0)):
+        return _reference_hex(first_obj, n)
+    v = first_obj
+    out = []
+    for i in range(n):
+        k = 16
+        w = v
+        while True:
+            k -= 1
+            buf[k] = _HEX_DIGITS[w & 15]
+            w >>= 4
+            if not w:
+                break
+        out.append(PyBytes_FromStringAndSize(buf + k, 16 - k))
+        v += 1
+    return tuple(out)
+
+
+cdef const char *_HEX_DIGITS = b"0123456789abcdef"
+
+
+cdef object _reference_hex(first_obj, n):
+    return sys.modules["xraft.node.fsm.entry"].PURE_KERNELS["_hex_iids"](first_obj, n)

@@ -37,6 +37,11 @@ request id and its own result. All integers are big-endian.
     the key is followed by | plen u32 | pid bytes | and every xentry starts with
     | ilen u32 | iid bytes |: `XADD key ... IDMP pid iid * f1 v1 ..`, or, for
     ilen == 0, `XADD key ... IDMPAUTO pid * f1 v1 ..` (engine/idmp.py).
+    With opts IDMP and IDMP_SEQ (0x40; added within version 1 the same way) the
+    pid is followed by | first u64 | and the xentries carry no iid: entry i's
+    iid is the lowercase hex of first + i, without leading zeros (the SDK
+    producer's consecutive ids, client/commands.py): one word for N ids in the
+    request, the record, the WAL and the decode.
 
 Field invariants (decode checks every one; encode refuses to write a violation):
 
@@ -70,8 +75,8 @@ Field invariants (decode checks every one; encode refuses to write a violation):
     argc       1 <= argc <= MAX_ARGC (an empty argv is no command)
     len        <= MAX_ARG_BYTES (redis proto-max-bulk-len)
     opts       bits NOMKSTREAM 0x01, MAXLEN 0x02, MINID 0x04, APPROX 0x08 ("~"),
-               LIMIT 0x10, IDMP 0x20; no other bit; not MAXLEN and MINID both; APPROX and
-               LIMIT only with MAXLEN or MINID. ("=" is no APPROX: redis reads
+               LIMIT 0x10, IDMP 0x20, IDMP_SEQ 0x40; no other bit; not MAXLEN and MINID
+               both; APPROX and LIMIT only with MAXLEN or MINID; IDMP_SEQ only with IDMP. ("=" is no APPROX: redis reads
                them alike.)
     thr_a,     MAXLEN: thr_a = the count (any u64: above 2**63-1 apply answers
     thr_b      redis's "not an integer" error, as XADD would), thr_b == 0.
@@ -81,6 +86,7 @@ Field invariants (decode checks every one; encode refuses to write a violation):
     klen       <= MAX_ARG_BYTES; the key may be empty, as in redis
     plen       1 <= plen <= MAX_ARG_BYTES (IDMP only)
     ilen       <= MAX_ARG_BYTES (IDMP only); idkind == AUTO after it (IDMP needs "*")
+    first      first + N - 1 <= 2**64-1 (IDMP_SEQ only); every idkind == AUTO
     idkind     AUTO 0 ("*"), AUTO_SEQ 1 ("<ms>-*"), EXPLICIT 2 ("<ms>-<seq>"); no other
     npair      1 <= npair <= MAX_ARGC // 2 (XADD needs a field; an entry without
                fields never reaches the log: the leader answers it alone)
@@ -91,6 +97,7 @@ Field invariants (decode checks every one; encode refuses to write a violation):
 """
 import enum
 import functools
+import operator
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -164,7 +171,8 @@ OPT_MINID = 0x04
 OPT_APPROX = 0x08
 OPT_LIMIT = 0x10
 OPT_IDMP = 0x20
-_OPTS_ALL = 0x3F
+OPT_IDMP_SEQ = 0x40
+_OPTS_ALL = 0x7F
 
 MAXLEN = "maxlen"                          # XAddBatch.strategy values (the engine's names)
 MINID = "minid"
@@ -188,11 +196,14 @@ class XAddBatch:
     raw: bytes = field(default=b"", compare=False, repr=False)
     idmp_pid: bytes | None = None  # IDMP's producer id for every entry; None: no IDMP
     idmp_iids: tuple | None = None  # per entry: the iid (bytes), or None for IDMPAUTO
+    # None, or the IDMP_SEQ form's first id: then idmp_iids[i] == hex_iids(idmp_first, N)[i],
+    # and the encoded form carries this number instead of the N ids.
+    idmp_first: int | None = None
 
     @classmethod
     def build(cls, key, entries, *, no_mkstream: bool = False, strategy: str | None = None,
               approx: bool = False, threshold=0, limit: int | None = None, idmp_pid: bytes | None = None,
-              idmp_iids=None) -> "XAddBatch":
+              idmp_iids=None, idmp_first: int | None = None) -> "XAddBatch":
         """A batch of `entries` ((id_kind, ms, seq, fields), fields a flat
         sequence of bytes f1 v1 ...). A malformed batch is a caller bug
         (invariant). Of the limits a client can reach, an entry with more
@@ -218,10 +229,19 @@ class XAddBatch:
         if limit is not None:
             invariant(type(limit) is int and 0 <= limit <= MAX_U64, "LIMIT out of range")
             opts |= OPT_LIMIT
+        if idmp_first is not None:
+            # The IDMP_SEQ form: ids first, first + 1, .. in hex (module doc).
+            invariant(idmp_pid is not None and idmp_iids is None, "IDMP_SEQ needs a producer and no iids")
+            invariant(type(idmp_first) is int and 0 <= idmp_first <= MAX_U64 - max(0, len(entries) - 1),
+                      "IDMP_SEQ ids out of range")
+            opts |= OPT_IDMP_SEQ
         if idmp_pid is not None:
             idmp_pid = bytes(idmp_pid)
-            idmp_iids = tuple(idmp_iids)
-            invariant(idmp_pid and len(idmp_iids) == len(entries), "IDMP needs a producer and an iid per entry")
+            if idmp_first is None:
+                idmp_iids = tuple(idmp_iids)
+                invariant(idmp_pid and len(idmp_iids) == len(entries), "IDMP needs a producer and an iid per entry")
+            else:
+                invariant(idmp_pid, "IDMP needs a producer")
             opts |= OPT_IDMP
         else:
             invariant(idmp_iids is None, "idempotent ids without a producer")
@@ -229,10 +249,26 @@ class XAddBatch:
         if idmp_pid is not None:
             out.append(_U32.pack(len(idmp_pid)))
             out.append(idmp_pid)
-        body, items = _encode_xentries(entries, idmp_iids)
+        if idmp_first is None:
+            body, items = _encode_xentries(entries, idmp_iids)
+        else:
+            out.append(_U64.pack(idmp_first))
+            body, items = _encode_xentries(entries, None)
+            # (one C-level pass: the entries' ID kinds, all AUTO as IDMP needs)
+            invariant(not any(map(_first_item, items)), "IDMP needs '*' IDs")
+            idmp_iids = _hex_iids(idmp_first, len(items))
         out.append(body)
         return cls(key, bool(no_mkstream), strategy, bool(approx), threshold, limit, items,
-                   b"".join(out), idmp_pid, idmp_iids)
+                   b"".join(out), idmp_pid, idmp_iids, idmp_first)
+
+
+_first_item = operator.itemgetter(0)
+
+
+def _hex_iids(first: int, n: int) -> tuple:
+    """The IDMP_SEQ form's n ids from `first`: lowercase hex, no leading zeros (module
+    doc). Has a compiled twin (_entry_c); this is the reference."""
+    return tuple([b"%x" % v for v in range(first, first + n)])
 
 
 def _encode_xentries(entries, idmp_iids) -> tuple:
@@ -608,13 +644,23 @@ def _decode_xadd_batch(data: bytes, pos: int, end: int, n: int):
         raise CorruptEntry("XADD batch key of %d bytes runs past the end" % klen)
     key = data[pos:pos + klen]
     pos += klen
-    pid = iids = None
+    unpack_u32, unpack_u64, unpack_2u64 = _U32.unpack_from, _U64.unpack_from, _U64X2.unpack_from
+    pid = iids = first = None
     if opts & OPT_IDMP:
         pid, pos = _decode_sized(data, pos, end, 1, "IDMP producer")
-        iids = []
+        if opts & OPT_IDMP_SEQ:
+            if end - pos < 8:
+                raise CorruptEntry("XADD batch IDMP first id runs past the end")
+            first = unpack_u64(data, pos)[0]
+            pos += 8
+            if first > MAX_U64 - (n - 1):
+                raise CorruptEntry("XADD batch IDMP ids from %d past 2**64-1" % first)
+        else:
+            iids = []
+    elif opts & OPT_IDMP_SEQ:
+        raise CorruptEntry("XADD batch IDMP_SEQ without IDMP")
     entries = []
     append = entries.append
-    unpack_u32, unpack_u64, unpack_2u64 = _U32.unpack_from, _U64.unpack_from, _U64X2.unpack_from
     lens_struct = _lens_struct
     max_pairs = MAX_ARGC // 2
     for _ in range(n):
@@ -633,6 +679,8 @@ def _decode_xadd_batch(data: bytes, pos: int, end: int, n: int):
         if kind == _ID_AUTO:
             ms = sq = 0
             pos += 1
+        elif first is not None:
+            raise CorruptEntry("XADD batch IDMP entry without an auto ID")
         elif kind == _ID_AUTO_SEQ:
             if end - pos < 9 + _MIN_XENTRY - 1:
                 raise CorruptEntry("XADD batch entry ID runs past the end")
@@ -672,7 +720,8 @@ def _decode_xadd_batch(data: bytes, pos: int, end: int, n: int):
         append((kind, ms, sq, fields))
     batch = XAddBatch(key, bool(opts & OPT_NOMKSTREAM), strategy, bool(opts & OPT_APPROX), threshold,
                       limit if opts & OPT_LIMIT else None, tuple(entries), data[start:pos], pid,
-                      None if iids is None else tuple(iids))
+                      tuple(iids) if first is None and iids is not None else
+                      None if first is None else _hex_iids(first, n), first)
     return batch, pos
 
 
@@ -690,8 +739,10 @@ def _decode_sized(data: bytes, pos: int, end: int, min_len: int, what: str):
 # Compiled kernels: _decode_xadd_batch and _encode_xentries above are the reference; their Cython twins
 # (node/fsm/_entry_c.pyx, built by `pip install`) replace them unless XRAFT_PURE=1
 # or the build had no C compiler. tests/kernels proves them equal.
-PURE_KERNELS = {"_decode_xadd_batch": _decode_xadd_batch, "_encode_xentries": _encode_xentries}
+PURE_KERNELS = {"_decode_xadd_batch": _decode_xadd_batch, "_encode_xentries": _encode_xentries,
+                "_hex_iids": _hex_iids}
 _compiled = compiled("xraft.node.fsm._entry_c")
 if _compiled is not None:
     _decode_xadd_batch = _compiled.decode_xadd_batch
     _encode_xentries = _compiled.encode_xentries
+    _hex_iids = _compiled.hex_iids

@@ -11,7 +11,7 @@ Bounds the proto sets on repeated fields (entries per XAdd, IDs per XAck,
 """
 from ..engine.errors import CommandError
 from ..engine.replies import NULL_ARRAY
-from ..fsm.entry import MAXLEN, MINID, IdKind, XAddBatch
+from ..fsm.entry import MAX_U64, MAXLEN, MINID, IdKind, XAddBatch
 from xraft.proto.v1 import client_pb2 as pb
 
 MAX_XADD_ENTRIES = 10_000
@@ -104,7 +104,8 @@ def xadd_batch(r: pb.XAddRequest):
     items = []
     add = items.append
     pid = r.producer_id or None
-    iids = [] if pid is not None else None
+    first = _idempotent_id_first(r, pid)
+    iids = [] if pid is not None and first is None else None
     for i, e in enumerate(r.entries):
         fields = e.fields
         if not fields:
@@ -120,6 +121,11 @@ def xadd_batch(r: pb.XAddRequest):
             if kind is not None:
                 raise ArgumentError("ERR IDMP/IDMPAUTO can be used only with auto-generated IDs")
             iids.append(e.idempotent_id or None)
+        elif first is not None:
+            if kind is not None:
+                raise ArgumentError("ERR IDMP/IDMPAUTO can be used only with auto-generated IDs")
+            if e.idempotent_id:
+                raise ArgumentError("idempotent_id_first with per-entry idempotent ids")
         if kind is None:
             add((IdKind.AUTO, 0, 0, flat))
         elif kind == "auto_seq_ms":
@@ -129,8 +135,26 @@ def xadd_batch(r: pb.XAddRequest):
             add((IdKind.EXPLICIT, sid.ms, sid.seq, flat))
     if not items:
         return None, without
+    if first is not None and without:
+        # Entries without fields leave the batch: its ids are no longer consecutive.
+        skipped = set(without)
+        iids = [b"%x" % (first + i) for i in range(len(r.entries)) if i not in skipped]
+        first = None
     return XAddBatch.build(r.key, items, no_mkstream=r.no_mkstream, strategy=strategy, approx=approx,
-                           threshold=threshold, limit=limit, idmp_pid=pid, idmp_iids=iids), without
+                           threshold=threshold, limit=limit, idmp_pid=pid, idmp_iids=iids,
+                           idmp_first=first), without
+
+
+def _idempotent_id_first(r: pb.XAddRequest, pid):
+    """XAddRequest.idempotent_id_first, checked (client.proto), or None if not given."""
+    if not r.HasField("idempotent_id_first"):
+        return None
+    first = r.idempotent_id_first
+    if pid is None:
+        raise ArgumentError("idempotent_id_first needs producer_id")
+    if first + len(r.entries) - 1 > MAX_U64:
+        raise ArgumentError("idempotent_id_first: ids past 2**64-1")
+    return first
 
 
 def xrange_argv(r: pb.XRangeRequest, reverse: bool) -> list:

@@ -447,7 +447,7 @@ class XRaftService(AdminRpcs, pb_grpc.XRaftServicer):
                 results = list(results)
                 for i in without:               # ascending: each lands at its own index
                     results.insert(i, err)
-            out = pb.XAddResponse()
+            out = pb.XAddResponse(idempotent_id_first_ok=True)   # this server reads it (client.proto)
             add = out.results.add
             for r in results:
                 if type(r) is bytes:

@@ -16,8 +16,10 @@ def _ran(args, tmp_path, name) -> str:
 
 
 def test_idmp_ab_prints_both_sides(tmp_path):
-    text = _ran(["idmp", "--rounds", "1", "--seconds", "0.5"], tmp_path, "idmp")
+    text = _ran(["idmp", "--rounds", "1", "--seconds", "0.5", "--per-entry-ids"], tmp_path, "idmp")
     assert re.search(r"round 1: plain [\d,]+/s  IDMP [\d,]+/s  ratio", text), text
+    assert re.search(r"\| IDMP per-entry [\d,]+/s ratio \d+\.\d\d", text), text      # the third side
+    assert re.search(r"^summed IDMP per-entry: [\d,]+  ratio to plain \d+\.\d\d$", text, re.M), text
 
 
 def test_crossshard_ab_prints_both_sides(tmp_path):

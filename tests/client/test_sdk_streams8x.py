@@ -53,3 +53,32 @@ def test_idmp_fresh_ids_per_entry_and_none_with_an_explicit_id():
                 info = await a.execute("XINFO", "STREAM", "s")
                 assert info[b"iids-added"] == 6
     run(body)
+
+
+def test_fresh_ids_go_as_one_number_once_the_server_reads_it():
+    """The first XAdd carries its fresh ids per entry; its response says the server
+    reads XAddRequest.idempotent_id_first, so the next ones carry first + count
+    (observed on the requests sent). The ids are the same either way: another client
+    of the same producer resending them as explicit per-entry ids adds nothing."""
+    async def body():
+        async with serving(LocalBackend(clock=lambda: NOW)) as (addr, _, _s):
+            async with Client([addr], timeout=5, producer_id="p1") as a, \
+                    Client([addr], timeout=5, producer_id="p1") as b:
+                sent = []
+                unary = a._unary
+
+                async def observed(rpc, request, **kw):
+                    if rpc == "XAdd":
+                        sent.append((request.HasField("idempotent_id_first") and request.idempotent_id_first,
+                                     [e.idempotent_id for e in request.entries]))
+                    return await unary(rpc, request, **kw)
+                a._unary = observed
+                first = await a.xadd_batch("s", [{"n": i} for i in range(2)])
+                second = await a.xadd_batch("s", [{"n": i} for i in range(20)])
+                assert sent == [(False, [b"0", b"1"]), (2, [b""] * 20)]
+                again = await b.xadd_batch("s", [{"n": i} for i in range(20)],
+                                           idempotent_ids=[b"%x" % v for v in range(2, 22)])
+                assert again == second and len(set(first + second)) == 22 and await a.xlen("s") == 22
+                info = await a.execute("XINFO", "STREAM", "s")
+                assert (info[b"iids-added"], info[b"iids-duplicates"]) == (22, 20)
+    run(body)

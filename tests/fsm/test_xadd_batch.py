@@ -343,7 +343,8 @@ GOOD = _head() + _xe()
 
 
 @pytest.mark.parametrize("payload,n,why", [
-    (_head(opts=0x40) + _xe(), 1, "option bits"),         # 0x20 is IDMP (test_xadd_batch_idmp.py)
+    (_head(opts=0x80) + _xe(), 1, "option bits"),         # 0x20, 0x40: IDMP (test_xadd_batch_idmp.py)
+    (_head(opts=0x40) + _xe(), 1, "IDMP_SEQ without IDMP"),
     (_head(opts=0x02 | 0x04) + _xe(), 1, "both MAXLEN and MINID"),
     (_head(opts=0x08) + _xe(), 1, "without a strategy"),
     (_head(opts=0x10) + _xe(), 1, "without a strategy"),

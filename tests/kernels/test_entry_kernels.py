@@ -39,13 +39,16 @@ def batches(draw):
         limit = draw(st.one_of(st.none(), st.integers(0, U64)))
         threshold = draw(st.integers(0, U64) if strategy == MAXLEN else st.tuples(st.integers(0, U64),
                                                                                    st.integers(0, U64)))
-    idmp = draw(st.booleans())
+    idmp = draw(st.sampled_from([None, "iids", "seq"]))
     entries = draw(st.lists(AUTO_ENTRY if idmp else ENTRY, min_size=1, max_size=4))
     kwargs = {}
-    if idmp:
+    if idmp == "iids":
         kwargs = dict(idmp_pid=draw(st.binary(min_size=1, max_size=4)),
                       idmp_iids=draw(st.lists(st.one_of(st.none(), st.binary(min_size=1, max_size=4)),
                                               min_size=len(entries), max_size=len(entries))))
+    elif idmp == "seq":     # the IDMP_SEQ form: first id + count, up to the u64 edge
+        kwargs = dict(idmp_pid=draw(st.binary(min_size=1, max_size=4)),
+                      idmp_first=draw(st.one_of(st.integers(0, 300), st.integers(U64 - 10, U64 - len(entries) + 1))))
     return XAddBatch.build(draw(st.binary(max_size=5)), entries, no_mkstream=draw(st.booleans()),
                            strategy=strategy, approx=approx, threshold=threshold, limit=limit, **kwargs)
 
@@ -104,9 +107,12 @@ def test_damaged_batches_fail_alike(args):
     assert outcome(C.decode_xadd_batch, *args) == outcome(PURE, *args)
 
 
-def test_every_truncation_and_bit_flip_alike():
-    batch = XAddBatch.build(b"k", [(0, 0, 0, (b"f", b"1")), (2, 7, 9, (b"", b"x") * 3)],
-                            strategy=MINID, approx=True, threshold=(3, 4), limit=10)
+@pytest.mark.parametrize("batch", [
+    XAddBatch.build(b"k", [(0, 0, 0, (b"f", b"1")), (2, 7, 9, (b"", b"x") * 3)],
+                    strategy=MINID, approx=True, threshold=(3, 4), limit=10),
+    XAddBatch.build(b"k", [(0, 0, 0, (b"f", b"1")), (0, 0, 0, (b"", b"x") * 3)], idmp_pid=b"p",
+                    idmp_first=U64 - 1)], ids=["minid", "idmp-seq"])
+def test_every_truncation_and_bit_flip_alike(batch):
     data, n = batch.raw, 2
     for end in range(len(data) + 1):
         assert outcome(C.decode_xadd_batch, data[:end], 0, end, n) == outcome(PURE, data[:end], 0, end, n)
@@ -178,13 +184,30 @@ def test_encode_too_many_pairs_is_the_same_error():
 @given(batches())
 def test_build_then_decode_round_trips_through_both(batch):
     """A batch built by either encoder decodes, by either decoder, to itself."""
-    body_c, items_c = C.encode_xentries(batch.entries, batch.idmp_iids)
-    assert (body_c, items_c) == PURE_ENCODE(batch.entries, batch.idmp_iids)
+    iids = None if batch.idmp_first is not None else batch.idmp_iids    # IDMP_SEQ: no iid per entry
+    body_c, items_c = C.encode_xentries(batch.entries, iids)
+    assert (body_c, items_c) == PURE_ENCODE(batch.entries, iids)
     assert batch.raw.endswith(body_c)
     for decode in (C.decode_xadd_batch, PURE):
         assert decode(batch.raw, 0, len(batch.raw), len(batch.entries)) == (batch, len(batch.raw))
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(0, 2**20), st.integers(U64 - 40, U64 + 2), st.integers(-3, -1),
+                 st.just(1.0), st.just(True)), st.integers(0, 40))
+def test_hex_iids_match(first, n):
+    """The IDMP_SEQ form's ids: the same tuple, or the same error past 2**64-1 or for a non-int."""
+    def run(fn):
+        try:
+            return fn(first, n)
+        except Exception as e:  # the exact type and text must match
+            return (type(e), str(e))
+    got = run(C.hex_iids)
+    assert got == run(E.PURE_KERNELS["_hex_iids"])
+    assert type(got) is tuple and all(type(x) is bytes for x in got) or type(got[0]) is type
+
+
 def test_the_running_code_is_what_accel_says():
     assert E._decode_xadd_batch is (PURE if accel.PURE else C.decode_xadd_batch)
     assert E._encode_xentries is (PURE_ENCODE if accel.PURE else C.encode_xentries)
+    assert E._hex_iids is (E.PURE_KERNELS["_hex_iids"] if accel.PURE else C.hex_iids)
