@@ -370,6 +370,13 @@ def test_a_commit_only_append_is_held_then_sent(run):
     run(main())
 
 
+async def _until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
 def test_a_later_append_supersedes_a_held_commit_only_one(run):
     async def main():
         async with _hold_rig(0.05) as (mr, got):
@@ -378,16 +385,18 @@ def test_a_later_append_supersedes_a_held_commit_only_one(run):
             mr.send(7, _app(10, 10, entries=2))       # ... 7's is superseded (same start, same commit)
             mr.send(8, _app(20, 19, entries=1))       # ... 8's is not: this one carries less commit
             mr.run_now()
-            await asyncio.sleep(0.01)
-            assert sorted((m.index, m.commit, len(m.entries)) for m in got) == [(10, 10, 2), (20, 19, 1)]
+            # Waits by count, not by time (a loaded machine): the order is what is checked.
+            await _until(lambda: len(got) >= 2)
+            assert sorted((m.index, m.commit, len(m.entries)) for m in got[:2]) == [(10, 10, 2), (20, 19, 1)]
             assert mr.stats.commits_superseded == 1
-            await asyncio.sleep(0.08)                 # 8's held append still goes, after the others
-            assert (got[-1].index, got[-1].commit, got[-1].entries) == (20, 20, ())
+            await _until(lambda: len(got) >= 3)       # 8's held append still goes, after the others
+            assert (got[2].index, got[2].commit, got[2].entries) == (20, 20, ())
+            await asyncio.sleep(0.08)
             assert len(got) == 3
             mr.send(7, _app(12, 12, term=3))
             mr.send(7, _app(12, 12, entries=1, term=4))   # another term never supersedes
             mr.run_now()
-            await asyncio.sleep(0.08)
+            await _until(lambda: len(got) >= 5)
             assert [(m.term, len(m.entries)) for m in got[3:]] == [(4, 1), (3, 0)]
     run(main())
 
