@@ -81,6 +81,7 @@ from typing import Optional, Sequence
 
 from ..cluster.slot_map import node_of_replica
 from ..raft.types import Message, MessageType, StateRole
+from . import apply_ahead
 from .disk_storage import DiskStorage
 from .liveness import LIVENESS_GROUP_ID, NodeLiveness
 from .raft_driver import GroupDriver, GroupOptions, StateMachine
@@ -166,6 +167,7 @@ class MultiRaft:
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.executor = ThreadPoolExecutor(max_workers=options.io_threads,
                                            thread_name_prefix=f"xraft-io-{node_id}")
+        self.prepare_executor = apply_ahead.new_executor(node_id)   # costly applies' pure part
         self.closing = False
         self.closed = False
         self._started = False
@@ -253,6 +255,7 @@ class MultiRaft:
         for g in self.groups.values():
             await self.loop.run_in_executor(self.executor, g.close_storage)
         self.executor.shutdown(wait=True)
+        self.prepare_executor.shutdown(wait=True)
         self.closed = True
 
     async def abort(self) -> list[DiskStorage]:
@@ -262,6 +265,7 @@ class MultiRaft:
         for g in self.groups.values():
             g.closed = True
         self.executor.shutdown(wait=True)
+        self.prepare_executor.shutdown(wait=True)
         self.closed = True
         return [g.storage for g in self.groups.values()]
 

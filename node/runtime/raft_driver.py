@@ -87,7 +87,7 @@ from ..raft.rawnode import RawNode, Status
 from ..raft.types import NONE, ConfChange, ConfChangeError, ConfChangeV2, ConfState, Entry, EntryType, \
     HardState, Message, ProposalDropped as CoreProposalDropped, Ready, Snapshot, \
     SnapshotMetadata, StateRole, StepError
-from . import latency_trace
+from . import apply_ahead, latency_trace
 from .disk_storage import DiskStorage
 from .read_index import ReadIndexQueue, settle
 
@@ -239,6 +239,12 @@ class GroupDriver:
         self._flush_timer: Optional[asyncio.TimerHandle] = None
         self._flush_wanted = False  # the timer fired: pump() starts a flush job if still due
         self._results_optional = bool(getattr(sm, "results_optional", False))
+        # Costly applies off the loop (apply_ahead.py): the machine's prepare() for entries of
+        # at least prepare_min_bytes, run in the host's prepare_executor; where it stopped.
+        self._prep_executor = getattr(host, "prepare_executor", None)
+        self._prepare = getattr(sm, "prepare", None) if self._prep_executor is not None else None
+        self._prepare_min_bytes = int(getattr(sm, "prepare_min_bytes", 0))
+        self._ahead: Optional[tuple] = None  # (Ready, position of its committed entry, callable)
         self._reported = (StateRole.FOLLOWER, NONE, 0, False)  # (role, lead, term, failed) last told
         self._reported_proposals = 0
 
@@ -592,7 +598,9 @@ class GroupDriver:
                 self._log_bounds = (self.storage.first_index(), self.storage.last_index())
                 self.stats.syncs += 1
                 self._arm_flush()
-                self._finish(rd)
+                if not self._finish(rd):
+                    self._start(self._apply_ahead())
+                    return
                 self.host.mark_dirty(self)  # advance() may have made the next Ready
                 if self._snapshot_due():
                     self._start(self._make_snapshot())
@@ -603,7 +611,9 @@ class GroupDriver:
             # Only the commit index moved: buffer it, the next sync carries it.
             self.storage.save(rd.hard_state, ())
             self._unsynced_commit_saves += 1
-        self._finish(rd)
+        if not self._finish(rd):
+            self._start(self._apply_ahead())
+            return
         if self._snapshot_due():
             self._start(self._make_snapshot())
 
@@ -634,10 +644,14 @@ class GroupDriver:
         if exc is None:
             self.stats.syncs += 1
             try:
-                self._finish(rd)
+                finished = self._finish(rd)
             except Exception as e:
                 exc = e
             else:
+                if not finished:            # the group stays busy until the Ready is finished
+                    self._start(self._apply_ahead())
+                    self._run_host()
+                    return
                 if self._snapshot_due() and not self.host.closing:
                     self._start(self._make_snapshot())
                     self._run_host()  # flush what _finish queued; the group stays busy
@@ -730,17 +744,28 @@ class GroupDriver:
         """Storage job: sync by the clock (if not yet due, _job_ended() re-arms the timer)."""
         await self.host.loop.run_in_executor(self.host.executor, lambda: self.storage.sync(self._now_ms()))
 
-    def _finish(self, rd: Ready) -> None:
-        """After persisting: promise durability, apply, advance. Loop thread."""
-        send = self.host.send
-        gid = self.group_id
-        for m in rd.persisted_messages:
-            send(gid, m)
-        if rd.snapshot is not None:
-            self._install(rd.snapshot)
-        if latency_trace.ON and rd.committed_entries:
-            latency_trace.mark("commit", rd.committed_entries[-1].index)
-        for e in rd.committed_entries:
+    def _finish(self, rd: Ready, resume_at: Optional[int] = None) -> bool:
+        """After persisting: promise durability, apply, advance. Loop thread. False: stopped
+        before a committed entry whose costly part must run off the loop first (self._ahead;
+        the caller starts _apply_ahead(), which runs it, then resumes here at that entry)."""
+        ents = rd.committed_entries
+        start = 0 if resume_at is None else resume_at
+        if resume_at is None:
+            send = self.host.send
+            gid = self.group_id
+            for m in rd.persisted_messages:
+                send(gid, m)
+            if rd.snapshot is not None:
+                self._install(rd.snapshot)
+            if latency_trace.ON and ents:
+                latency_trace.mark("commit", ents[-1].index)
+        for i in range(start, len(ents)):
+            e = ents[i]
+            if self._prepare is not None and i != resume_at:
+                fn = self._prepare_of(e)
+                if fn is not None:
+                    self._ahead = (rd, i, fn)
+                    return False
             self._apply(e)
             self._bytes_since_snap += len(e.data)
         if latency_trace.ON and rd.committed_entries:
@@ -752,6 +777,40 @@ class GroupDriver:
             self._reads.resolve(self.applied)
         if rd.soft_state is not None:
             self._check_leadership()
+        return True
+
+    def _prepare_of(self, e: Entry):
+        """The machine's callable for the costly part of e's apply, or None."""
+        if (e.type != EntryType.NORMAL or len(e.data) < self._prepare_min_bytes or not e.data
+                or e.index <= self.applied):
+            return None
+        p = self._pending.get(e.index)
+        decoded = p.decoded if p is not None and p.term == e.term else None
+        try:
+            return self._prepare(e.index, e.data, decoded)
+        except Exception:  # the apply meets the same bytes and decides about them itself
+            log.exception("group %d node %d: prepare of entry %d failed", self.group_id, self.node_id, e.index)
+            return None
+
+    async def _apply_ahead(self) -> None:
+        """Storage-job-like (the group is busy): run each stopped entry's prepare in the
+        prepare thread, then finish the Ready from that entry on (apply_ahead.py)."""
+        while self._ahead is not None:
+            rd, i, fn = self._ahead
+            self._ahead = None
+            try:
+                with apply_ahead.gil_shared():
+                    await self.host.loop.run_in_executor(self._prep_executor, fn)
+                self.stats.prepared_off_loop += 1
+            except Exception:  # the apply does all of its work itself then
+                log.exception("group %d node %d: prepare of entry %d failed", self.group_id, self.node_id,
+                              rd.committed_entries[i].index)
+            if self.failed is not None:
+                return                      # fail-stopped meanwhile: apply nothing more
+            if self._finish(rd, i):
+                break
+        if self._snapshot_due() and not self.host.closing:
+            await self._make_snapshot()
 
     def _install(self, snap: Snapshot) -> None:
         idx = snap.metadata.index

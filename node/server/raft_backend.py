@@ -94,6 +94,7 @@ from ..engine.slots import SLOT_COUNT
 from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, Record, encode_record
 from ..cluster.slot_map import node_of_replica
 from ..fsm.resolve import TimeStamper
+from ..fsm.slot_move_apply import PREPARE_MIN_BYTES
 from ..fsm.slot_owner import OwnedSlots
 from ..fsm.state_machine import StateMachine
 from ..invariant import invariant
@@ -155,6 +156,13 @@ class FsmAdapter:
         if ready:
             self._on_applied(ready)
         return results
+
+    # Entries at least this big may have a costly part to run off the loop (prepare()).
+    prepare_min_bytes = PREPARE_MIN_BYTES
+
+    def prepare(self, index: int, data: bytes, record: Optional[Record] = None):
+        """The driver's hook (raft_driver "Costly applies off the loop"): StateMachine.prepare."""
+        return self.sm.prepare(index, data, record)
 
     def snapshot(self) -> bytes:
         return self.sm.snapshot()
