@@ -124,6 +124,7 @@ class StateMachine:
         # index -> decodes prepare() made for that entry's apply (slot_move_apply.prepare_move);
         # not state: emptied after each apply and on restore.
         self.prepared: dict = {}
+        self._prepared_record: Optional[tuple] = None   # (index, data, its Record) prepare() decoded
 
     # -- apply -------------------------------------------------------------------
 
@@ -151,7 +152,12 @@ class StateMachine:
             self.skip(entry_index)
             return []
         if record is None:
-            record = decode_record(data)          # raises before anything changes
+            ahead = self._prepared_record
+            if ahead is not None and ahead[0] == entry_index and ahead[1] is data:
+                record = ahead[2]                 # prepare() decoded these very bytes
+            else:
+                record = decode_record(data)      # raises before anything changes
+        self._prepared_record = None
         self.keyspace.pop_ready_keys()            # leftovers are not this entry's
         now = max(record.now_ms, self.last_now_ms)
         self.sessions.expire(now)                 # by replicated time, before this record's requests
@@ -177,6 +183,7 @@ class StateMachine:
                 record = decode_record(data)
             except CorruptEntry:
                 return None                       # the apply says so
+            self._prepared_record = (entry_index, data, record)   # not decoded twice
         fns = [fn for fn in (prepare_move(self, req.argv, entry_index) for req in record.requests
                              if req.kind == Kind.SLOT_MOVE) if fn is not None]
         if len(fns) <= 1:
@@ -385,6 +392,7 @@ class StateMachine:
         self.last_now_ms = now_ms
         self.last_ready_keys = frozenset()
         self.prepared.clear()
+        self._prepared_record = None
 
 
 @contextlib.contextmanager

@@ -792,6 +792,15 @@ class GroupDriver:
             log.exception("group %d node %d: prepare of entry %d failed", self.group_id, self.node_id, e.index)
             return None
 
+    async def run_off_loop(self, fn: Callable[[], Any]) -> Any:
+        """fn() in the node's prepare thread (apply_ahead.py; inline without one), for a
+        costly read of state that no apply changes meanwhile (the caller's promise: e.g. the
+        keys of slots a move has sealed). The loop serves every group while it runs."""
+        if self._prep_executor is None:
+            return fn()
+        with apply_ahead.gil_shared():
+            return await self.host.loop.run_in_executor(self._prep_executor, fn)
+
     async def _apply_ahead(self) -> None:
         """Storage-job-like (the group is busy): run each stopped entry's prepare in the
         prepare thread, then finish the Ready from that entry on (apply_ahead.py)."""

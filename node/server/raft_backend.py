@@ -615,11 +615,20 @@ class RaftBackend(Backend):
             await self._read_barrier()
         return self.sm.read(argv, self.stamper.clock(self.now_ms(), self._mono()))
 
-    async def read_state(self, fn):
+    async def read_state(self, fn, off_loop: bool = False):
         """fn(the fsm) once a read index confirmed this leader and it applied up to it: a
-        linearizable read of state no command reads (slot_move_steps.py: export, manifest)."""
+        linearizable read of state no command reads (slot_move_steps.py: export, manifest).
+        off_loop: in the node's prepare thread (GroupDriver.run_off_loop), for a costly read
+        of state that no apply changes meanwhile (the keys of sealed slots). Should an apply
+        change it all the same (an abort's UNSEAL, a late PURGE or PRESTAGE), fn's
+        RuntimeError / KeyError is Unavailable: the caller retries."""
         self._check_open()
         await self._read_barrier()
+        if off_loop:
+            try:
+                return await self.driver.run_off_loop(lambda: fn(self.sm))
+            except (RuntimeError, KeyError) as exc:   # ("changed size during iteration", a key gone)
+                raise Unavailable("the state changed under an off-loop read (%s): retry" % exc) from None
         return fn(self.sm)
 
     async def _read_barrier(self) -> None:
