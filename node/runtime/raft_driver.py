@@ -36,8 +36,9 @@ single-node group, or every follower paused): its loop keeps taking requests
 while it syncs, which is what gathers them into large records
 (raft_backend.py, group commit; measured: inline leader syncs made every
 request a record of its own). For the same reason a follower does not sync
-inline while its node leads another group (the host's inline_sync_bytes is 0
-then; multiraft.py "Inline syncs only while the node leads no awake group").
+inline while its node leads another group or follows another awake one (the host's
+inline_sync_bytes is 0 then; multiraft.py "Inline syncs only while the node leads no
+awake group").
 
 Why "busy" blocks the whole group while its fsync runs: DiskStorage and the
 WAL are not thread-safe, and the core reads storage (entries for MsgApp,
