@@ -52,6 +52,7 @@ import redis
 import uvloop
 
 from xraft.client.aio import Client
+from xraft.client.errors import ReplyNotKeptError
 from xraft.ops import local_cluster as lc
 
 import cluster as cb  # noqa: E402 - bench/cluster.py, beside this file
@@ -165,7 +166,12 @@ async def load(seeds, key: str, n: int, fields: dict, batch: int, what: str, sto
             while left > 0 and not (stop and stop()):
                 k = min(batch, left)
                 left -= k
-                results = await c.xadd_batch(key, chunk[:k] if k < batch else chunk)
+                try:
+                    results = await c.xadd_batch(key, chunk[:k] if k < batch else chunk)
+                except ReplyNotKeptError:
+                    # A resend after an unknown outcome (a leader change) found the batch applied:
+                    # its entries are in, only its ids are not kept for resends.
+                    results = ()
                 if any(isinstance(r, Exception) for r in results):
                     raise RuntimeError(f"load into {key} failed: {[r for r in results if isinstance(r, Exception)][:1]}")
                 done += k

@@ -1,4 +1,9 @@
-import pytest
+import os
+
+# As node_main does before grpc is imported: in-process groups fork snapshot children here too.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
+import pytest  # noqa: E402
 
 from tests.redis_oracle import RedisOracle, redis_server_path
 

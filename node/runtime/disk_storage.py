@@ -130,6 +130,18 @@ def _split_for_records(entries: Sequence[Entry]) -> list[Sequence[Entry]]:
     return chunks
 
 
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """A snapshot being made (DiskStorage.plan_snapshot): its metadata and its directory.
+    write() is plain file I/O on the plan alone, so a forked child may run it."""
+    meta: SnapshotMetadata
+    files: SnapshotFiles
+
+    def write(self, data: bytes) -> str:
+        """The snapshot file with `data` written to its .tmp and fsynced: the .tmp path."""
+        return self.files.write_tmp(Snapshot(self.meta, data))
+
+
 class DiskStorage:
     """Durable Raft storage. Read side = the core's Storage protocol; write side below."""
 
@@ -495,23 +507,50 @@ class DiskStorage:
         """Write a snapshot of the state machine at `index`, compact the log to
         `index - keep_entries` (entries kept for slow followers), sync, and
         release WAL segments the snapshot covers."""
+        plan = self.plan_snapshot(index, conf_state)
+        snap = Snapshot(plan.meta, bytes(data))
+        self.adopt_snapshot(plan, plan.write(snap.data), len(snap.data), keep_entries, snap)
+        return snap
+
+    def plan_snapshot(self, index: int, conf_state: Optional[ConfState]) -> "SnapshotPlan":
+        """The first step of a snapshot at `index` (create_snapshot, or the driver's snapshot
+        made by a forked child, runtime/snapshot_child.py): its metadata, checked against the
+        log now, and how to write its file. Call it while no storage job runs."""
         self._check_open()
-        if keep_entries < 0:
-            raise ValueError(f"keep_entries {keep_entries} < 0")
         if index <= self._snap_meta.index:
             raise SnapshotOutOfDate(index, self._snap_meta.index)
         if index > self.last_index():
             raise Unavailable(index, self.last_index())
         term = self.term(index)  # Compacted if below the compaction point
         conf = conf_state if conf_state is not None else self._snap_meta.conf_state
-        snap = Snapshot(SnapshotMetadata(index=index, term=term, conf_state=conf), bytes(data))
-        self._snapfiles.save(snap)
-        self._set_snapshot(snap)
+        return SnapshotPlan(SnapshotMetadata(index=index, term=term, conf_state=conf), self._snapfiles)
+
+    def adopt_snapshot(self, plan: "SnapshotPlan", tmp: str, data_len: int, keep_entries: int = 0,
+                       snap: Optional[Snapshot] = None) -> None:
+        """The last step: the plan's file, written and fsynced to `tmp` (plan.write), becomes the
+        snapshot (rename, directory fsync, WAL marker), the log is compacted to
+        `index - keep_entries`, and everything is synced. `snap`: its data, if in memory (else
+        the data is read back when small enough to cache). SnapshotOutOfDate (the .tmp deleted)
+        if a newer snapshot got in since the plan (one installed from the leader)."""
+        self._check_open()
+        if keep_entries < 0:
+            raise ValueError(f"keep_entries {keep_entries} < 0")
+        index = plan.meta.index
+        if index <= self._snap_meta.index:
+            os.unlink(tmp)
+            raise SnapshotOutOfDate(index, self._snap_meta.index)
+        path = self._snapfiles.publish(tmp)
+        if snap is None:
+            snap = read_snapshot_file(path) if data_len <= self.options.snapshot_cache_bytes \
+                else Snapshot(plan.meta, b"")
+        invariant(snap.metadata == plan.meta, "the adopted snapshot file is the planned one")
+        self._snap_meta = plan.meta
+        self._snap_data = bytes(snap.data) if snap.data and len(snap.data) <= self.options.snapshot_cache_bytes \
+            else None
         self._log_marks(reset=False)
         if index - keep_entries > self._off:
             self.compact(index - keep_entries)
         self.sync()
-        return snap
 
     def compact(self, index: int) -> None:
         """Drop entries <= index (kept as the dummy). Only what a snapshot covers may go."""

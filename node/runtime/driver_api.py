@@ -141,6 +141,9 @@ class GroupOptions:
     # restart replays stays bounded when records are big (XADD batches of thousands).
     snapshot_bytes: int = 64 << 20
     snapshot_keep_entries: int = 1_000  # entries kept behind a snapshot for slow followers
+    # Images made by a forked child while the group goes on (snapshot_child.py; where fork
+    # exists): the loop never stops for a state-sized serialization.
+    snapshot_in_child: bool = True
     # Commit-index-only hard states are written without fsync (a lower commit on disk
     # is safe: Raft re-learns it); this bounds how many may sit unsynced in the WAL buffer.
     max_unsynced_commit_saves: int = 256
@@ -173,6 +176,8 @@ class GroupStats:
     snapshots_installed: int = 0
     snapshot_bytes_created: int = 0  # state machine image bytes of every snapshot created here
     last_snapshot_bytes: int = 0  # the newest snapshot's image (created or installed), bytes
+    snapshots_in_child: int = 0  # images a forked child made (of snapshots_created, or discarded)
+    snapshot_child_failures: int = 0  # children that made no file (fork refused, crash, exit status)
     prepared_off_loop: int = 0  # entries whose apply's costly part ran in the prepare thread
     inbox_dropped: int = 0
     step_errors: int = 0

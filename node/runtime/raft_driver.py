@@ -77,7 +77,6 @@ import functools
 import logging
 import os
 import random
-import time
 from collections import deque
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -86,13 +85,17 @@ from ..raft.codec import decode_conf_change_entry
 from ..raft.config import Config
 from ..raft.rawnode import RawNode, Status
 from ..raft.types import NONE, ConfChange, ConfChangeError, ConfChangeV2, ConfState, Entry, EntryType, \
-    HardState, Message, ProposalDropped as CoreProposalDropped, Ready, Snapshot, \
+    HardState, Message, ProposalDropped as CoreProposalDropped, Ready, Snapshot, SnapshotOutOfDate, \
     SnapshotMetadata, StateRole, StepError
 from . import apply_ahead, latency_trace
 from .disk_storage import DiskStorage
+from . import snapshot_child
+from .proposal import PROPOSED, QUEUED, Callback, Proposal, monotonic_ms
 from .read_index import ReadIndexQueue, settle
 
 log = logging.getLogger("xraft.driver")
+
+MAX_CHILD_FAILURES = 3  # snapshot children that failed before images are made in process
 
 
 # The public surface (errors, protocols, options, status) lives in driver_api.py.
@@ -112,60 +115,6 @@ from .driver_api import (  # noqa: F401  (re-exported)
 
 
 # ---------------------------------------------------------------- internals
-
-_QUEUED, _PROPOSED = 0, 1
-
-
-def _monotonic_ms() -> int:
-    return int(time.monotonic() * 1000)
-
-
-class _Proposal:
-    __slots__ = ("data", "cc", "fut", "state", "term", "index", "timer", "decoded")
-
-    def __init__(self, data: bytes, cc: Optional[Union[ConfChange, ConfChangeV2]],
-                 fut: Union[asyncio.Future, _Callback], decoded: Any = None):
-        self.data = data
-        # The state machine's in-memory form of data, which the proposer encoded data
-        # from (propose_nowait's `decoded`): applied in place of data once the entry
-        # commits at this proposal's term and index, so the leader does not decode
-        # what it has just encoded. Followers decode data.
-        self.decoded = decoded
-        self.cc = cc
-        self.fut = fut
-        self.state = _QUEUED
-        self.term = 0
-        self.index = 0
-        self.timer: Optional[asyncio.TimerHandle] = None
-
-
-class _Callback:
-    """A proposer's callback in place of a future (propose_nowait): the same done()/set_*
-    surface, so every path that settles a proposal works unchanged. Called synchronously,
-    exactly once, on the loop thread."""
-
-    __slots__ = ("fn", "_done")
-
-    def __init__(self, fn: Callable[[Any, Optional[BaseException]], None]):
-        self.fn = fn
-        self._done = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, result: Any) -> None:
-        self._call(result, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._call(None, exc)
-
-    def _call(self, result: Any, exc: Optional[BaseException]) -> None:
-        self._done = True
-        try:
-            self.fn(result, exc)
-        except Exception:  # the proposer's bug must not fail-stop the group
-            log.exception("a proposal's callback failed")
-
 
 def _entries_bytes(entries: Sequence[Entry]) -> int:
     n = 0
@@ -195,6 +144,11 @@ class GroupDriver:
         self.snap_index = snap.metadata.index  # newest snapshot in storage
         self.stats.last_snapshot_bytes = len(snap.data)
         self._bytes_since_snap = 0  # entry bytes applied since the last image (_snapshot_due)
+        # Snapshots imaged in a forked child (snapshot_child.py) while the group goes on:
+        self._child_images = options.snapshot_in_child and snapshot_child.available()
+        self._image_task: Optional[asyncio.Task] = None  # a child is imaging (at most one)...
+        self._image: Optional[snapshot_child.ChildImage] = None  # ...this one
+        self._image_done: Optional[tuple] = None  # (plan, tmp, data length): adopt at the next pump
         self.conf_state = snap.metadata.conf_state  # configuration as of `applied`
         rng = random.Random(options.seed if options.seed is not None else int.from_bytes(os.urandom(8), "big"))
         self.rn = RawNode(Config(
@@ -215,8 +169,8 @@ class GroupDriver:
         self._actions: deque[tuple[Callable[[], None], asyncio.Future]] = deque()  # callers' core calls
         self._unreachable: set[int] = set()  # peers to report_unreachable (deduplicated)
         self._snap_reports: list[tuple[int, bool]] = []  # (peer, ok) for report_snapshot
-        self._queue: deque[_Proposal] = deque()  # not yet given to the core
-        self._pending: dict[int, _Proposal] = {}  # index -> proposal appended in _lead_term
+        self._queue: deque[Proposal] = deque()  # not yet given to the core
+        self._pending: dict[int, Proposal] = {}  # index -> proposal appended in _lead_term
         self._lead_term = 0
         self._inflight = 0  # Invariant: == len(_queue) + len(_pending)
         self._reads = ReadIndexQueue(group_id, options.max_pending_reads)  # linearizable reads
@@ -236,7 +190,7 @@ class GroupDriver:
         self._host_run_now = getattr(host, "run_now", None)
         # fsync=batch's clock (monotonic ms, read from the executor too); a host (a test) may
         # supply now_ms(). The timer: see _arm_flush().
-        self._now_ms: Callable[[], int] = getattr(host, "now_ms", None) or _monotonic_ms
+        self._now_ms: Callable[[], int] = getattr(host, "now_ms", None) or monotonic_ms
         self._flush_timer: Optional[asyncio.TimerHandle] = None
         self._flush_wanted = False  # the timer fired: pump() starts a flush job if still due
         self._results_optional = bool(getattr(sm, "results_optional", False))
@@ -303,7 +257,7 @@ class GroupDriver:
         `decoded`: what the state machine's decoding of `data` gives (its caller
         guarantees it, type for type); if this entry is applied here as proposed,
         sm.apply(index, data, True, decoded) is called with it."""
-        self._enqueue(self._checked_data(data), None, timeout, _Callback(callback), decoded)
+        self._enqueue(self._checked_data(data), None, timeout, Callback(callback), decoded)
 
     async def propose_conf_change(self, cc: Union[ConfChange, ConfChangeV2],
                                   timeout: Optional[float] = None) -> ConfState:
@@ -377,6 +331,11 @@ class GroupDriver:
         """Feed everything queued into the core and handle at most one Ready. Not while busy."""
         invariant(not self.busy, "pump() while the group's storage is in use")
         if self.failed is not None or self.closed:
+            return
+        if self._image_done is not None:
+            # A child's snapshot file is written: publishing it is a (short) storage job.
+            done, self._image_done = self._image_done, None
+            self._start(self._adopt_image(*done))
             return
         rn = self.rn
         try:
@@ -475,7 +434,7 @@ class GroupDriver:
             raise NotLeader(self.group_id, r.lead, r.term)
         if self._inflight >= self.options.max_inflight_proposals:
             raise ProposalDropped(self.group_id, f"{self._inflight} proposals in flight (limit)")
-        p = _Proposal(data, cc, fut, decoded)
+        p = Proposal(data, cc, fut, decoded)
         if timeout is not None:
             p.timer = self.host.loop.call_later(timeout, self._expire, p)
         self._queue.append(p)
@@ -488,8 +447,8 @@ class GroupDriver:
         if self.failed is not None:
             raise ProposalDropped(self.group_id, f"group failed: {self.failed!r}")
 
-    def _expire(self, p: _Proposal) -> None:
-        if p.state == _QUEUED:
+    def _expire(self, p: Proposal) -> None:
+        if p.state == QUEUED:
             # Still in our queue: _propose_queued() skips it, so it never reaches the log.
             settle(p.fut, exc=ProposalDropped(self.group_id, "deadline passed before it was proposed"))
         else:
@@ -548,14 +507,14 @@ class GroupDriver:
                 index = last - len(run) + 1 + i
                 invariant(index not in self._pending and log_.term(index) == r.term,
                           "a proposal lands at a fresh index of the leader's term")
-                p.state, p.term, p.index = _PROPOSED, r.term, index
+                p.state, p.term, p.index = PROPOSED, r.term, index
                 self._pending[index] = p
             n += len(run)
         self.stats.proposals += n
         if q:
             self.host.mark_dirty(self)  # the rest go into the next Ready
 
-    def _done(self, p: _Proposal) -> None:
+    def _done(self, p: Proposal) -> None:
         """p leaves our structures (it is resolved or about to be)."""
         self._inflight -= 1
         if p.timer is not None:
@@ -600,11 +559,10 @@ class GroupDriver:
                 self.stats.syncs += 1
                 self._arm_flush()
                 if not self._finish(rd):
-                    self._start(self._apply_ahead())
+                    self._start_ahead()
                     return
                 self.host.mark_dirty(self)  # advance() may have made the next Ready
-                if self._snapshot_due():
-                    self._start(self._make_snapshot())
+                self._maybe_snapshot()
                 return
             self._start_persist(rd)
             return
@@ -613,10 +571,9 @@ class GroupDriver:
             self.storage.save(rd.hard_state, ())
             self._unsynced_commit_saves += 1
         if not self._finish(rd):
-            self._start(self._apply_ahead())
+            self._start_ahead()
             return
-        if self._snapshot_due():
-            self._start(self._make_snapshot())
+        self._maybe_snapshot()
 
     def _start_persist(self, rd: Ready) -> None:
         """Hand the Ready's storage job to the executor now (no task, no loop hop): the
@@ -650,11 +607,10 @@ class GroupDriver:
                 exc = e
             else:
                 if not finished:            # the group stays busy until the Ready is finished
-                    self._start(self._apply_ahead())
+                    self._start_ahead()
                     self._run_host()
                     return
-                if self._snapshot_due() and not self.host.closing:
-                    self._start(self._make_snapshot())
+                if not self.host.closing and self._maybe_snapshot(job_ending=True):
                     self._run_host()  # flush what _finish queued; the group stays busy
                     return
         if exc is not None:
@@ -802,9 +758,27 @@ class GroupDriver:
         with apply_ahead.gil_shared():
             return await self.host.loop.run_in_executor(self._prep_executor, fn)
 
+    def _start_ahead(self) -> None:
+        """The group stays busy while _apply_ahead() finishes the Ready (a job like a storage
+        job); then, as a storage job's end does, a due snapshot, the job's end, a pump."""
+        self.busy = True
+        self.task = self.host.loop.create_task(self._ahead_job())
+
+    async def _ahead_job(self) -> None:
+        try:
+            await self._apply_ahead()
+        except Exception as exc:
+            self.fail_stop(exc)
+        self.task = None
+        if self.failed is None and not self.host.closing and self._maybe_snapshot(job_ending=True):
+            self._run_host()  # a snapshot job took over; the group stays busy
+            return
+        self._job_ended()
+        self._run_host()
+
     async def _apply_ahead(self) -> None:
-        """Storage-job-like (the group is busy): run each stopped entry's prepare in the
-        prepare thread, then finish the Ready from that entry on (apply_ahead.py)."""
+        """In _ahead_job (the group is busy): run each stopped entry's prepare in the prepare
+        thread, then finish the Ready from that entry on (apply_ahead.py)."""
         while self._ahead is not None:
             rd, i, fn = self._ahead
             self._ahead = None
@@ -819,8 +793,6 @@ class GroupDriver:
                 return                      # fail-stopped meanwhile: apply nothing more
             if self._finish(rd, i):
                 break
-        if self._snapshot_due() and not self.host.closing:
-            await self._make_snapshot()
 
     def _install(self, snap: Snapshot) -> None:
         idx = snap.metadata.index
@@ -884,17 +856,74 @@ class GroupDriver:
         return (self.applied - self.snap_index >= o.snapshot_entries
                 or self._bytes_since_snap >= max(o.snapshot_bytes, self.stats.last_snapshot_bytes))
 
-    async def _make_snapshot(self) -> None:
-        """State machine image at `applied` -> snapshot file -> compact the log (executor)."""
-        index, cs, data = self.applied, self.conf_state, self.sm.snapshot()
+    def _maybe_snapshot(self, job_ending: bool = False) -> bool:
+        """Start a snapshot if one is due (loop thread, the storage not in a job: none runs, or
+        `job_ending`: the one that ran has finished). True if a storage job started (busy).
+
+        In a forked child when possible: the image is made at `applied` as of now while the
+        group goes on, and only publishing the written file is a storage job (pump()).
+        Else in process: image, file and compaction as one storage job, the loop stopped
+        for the image (the fallback where fork is missing or a child failed)."""
+        if self._image_task is not None or self._image_done is not None or not self._snapshot_due():
+            return False
+        index, cs = self.applied, self.conf_state
+        if index <= self.snap_index:
+            return False  # a snapshot installed from the leader already covers it
         self._bytes_since_snap = 0
+        if not self._child_images:
+            self._start(self._make_snapshot(index, cs, self.sm.snapshot()))
+            return True
+        plan = self.storage.plan_snapshot(index, cs)
+        self._image_task = self.host.loop.create_task(self._make_image(plan))
+        return False
+
+    async def _make_image(self, plan) -> None:
+        """The child images the state as of the fork and writes the plan's file; then the
+        next pump() adopts it (_adopt_image)."""
+        tmp = plan.files.tmp_path(plan.meta.index, plan.meta.term)
+        self._image = snapshot_child.ChildImage(self.sm.snapshot, plan.write, tmp)
+        try:
+            n = await self._image.run()
+        except snapshot_child.SnapshotChildError as exc:
+            self.stats.snapshot_child_failures += 1
+            if self.stats.snapshot_child_failures >= MAX_CHILD_FAILURES:
+                self._child_images = False
+            log.warning("group %d node %d: snapshot at %d not made (%s)%s", self.group_id, self.node_id,
+                        plan.meta.index, exc, "; making images in process from now on"
+                        if not self._child_images else "; trying again later")
+            self._bytes_since_snap = max(self._bytes_since_snap, self.options.snapshot_bytes)
+            return
+        finally:
+            self._image_task = self._image = None
+        if self.closed or self.failed is not None:
+            _unlink_quietly(tmp)
+            return
+        self.stats.snapshots_in_child += 1
+        self._image_done = (plan, tmp, n)
+        self.host.mark_dirty(self)
+        self._run_host()
+
+    async def _adopt_image(self, plan, tmp: str, n: int) -> None:
+        keep = self.options.snapshot_keep_entries
+        try:
+            await self.host.loop.run_in_executor(self.host.executor, self.storage.adopt_snapshot,
+                                                 plan, tmp, n, keep)
+        except SnapshotOutOfDate:
+            return  # a snapshot installed from the leader while the child worked is newer
+        self._snapshot_made(plan.meta.index, n)
+
+    async def _make_snapshot(self, index: int, cs, data: bytes) -> None:
+        """State machine image at `index` -> snapshot file -> compact the log (executor)."""
         keep = self.options.snapshot_keep_entries
         await self.host.loop.run_in_executor(self.host.executor, self.storage.create_snapshot,
                                              index, cs, data, keep)
-        self.snap_index = index
+        self._snapshot_made(index, len(data))
+
+    def _snapshot_made(self, index: int, n: int) -> None:
+        self.snap_index = max(self.snap_index, index)
         self.stats.snapshots_created += 1
-        self.stats.snapshot_bytes_created += len(data)
-        self.stats.last_snapshot_bytes = len(data)
+        self.stats.snapshot_bytes_created += n
+        self.stats.last_snapshot_bytes = n
 
     # ------------------------------------------------ failure and shutdown
 
@@ -908,7 +937,12 @@ class GroupDriver:
         self._report()
 
     def fail_outstanding(self, reason: str) -> None:
-        """Resolve every caller: queued -> ProposalDropped, in the log -> UnknownOutcome."""
+        """Resolve every caller: queued -> ProposalDropped, in the log -> UnknownOutcome.
+        A snapshot child at work is killed (its file is dropped)."""
+        if self._image_task is not None:
+            if self._image is not None:
+                self._image.kill()  # now: the group's directory may be reopened or deleted next
+            self._image_task.cancel()
         actions, self._actions = self._actions, deque()
         for _, fut in actions:
             settle(fut, exc=ProposalDropped(self.group_id, reason))
@@ -931,3 +965,10 @@ class GroupDriver:
         if sync and self.failed is None:
             self.storage.sync()
         self.storage.close()
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

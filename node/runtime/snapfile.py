@@ -165,9 +165,13 @@ class SnapshotFiles:
 
     def save(self, snap: Snapshot) -> str:
         """Write `snap` atomically (durably unless durable=False); then prune. Returns the path."""
+        return self.publish(self.write_tmp(snap))
+
+    def write_tmp(self, snap: Snapshot) -> str:
+        """The first half of save(): `snap` written to its `.tmp` and fsynced. Returns the .tmp
+        path (a forked snapshot child calls this; the node then publishes it)."""
         invariant(not snap.is_empty(), "saving an empty snapshot")
-        path = os.path.join(self.dir, snapshot_name(snap.metadata.index, snap.metadata.term))
-        tmp = path + ".tmp"
+        tmp = self.tmp_path(snap.metadata.index, snap.metadata.term)
         data = encode_snapshot_file(snap)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -178,6 +182,16 @@ class SnapshotFiles:
                 os.fsync(fd)
         finally:
             os.close(fd)
+        return tmp
+
+    def tmp_path(self, index: int, term: int) -> str:
+        return os.path.join(self.dir, snapshot_name(index, term)) + ".tmp"
+
+    def publish(self, tmp: str) -> str:
+        """The second half of save(): rename a written .tmp to its snapshot name, make the
+        rename durable, prune. Returns the snapshot's path."""
+        invariant(tmp.endswith(".snap.tmp") and os.path.dirname(tmp) == self.dir, "a .tmp of this directory")
+        path = tmp[:-len(".tmp")]
         os.rename(tmp, path)
         if self.durable:
             fsync_dir(self.dir)

@@ -82,6 +82,7 @@ from . import grpc_streams
 from .backend import BackendError, NotLeader, UnknownOutcome
 from .blocking import BlockingRegistry, run_blocking_read, run_blocking_write
 from .client_memory import ClientMemory
+from .grpc_admin import AdminRpcs, layout_pb  # noqa: F401 - layout_pb re-exported
 from .cluster_cmds import cluster_command, slot_read
 from .info import SERVER_COMMANDS, command_command, info_text
 from .routing import common_slot, own_group
@@ -184,7 +185,7 @@ def rpc_names() -> list:
     return list(pb.DESCRIPTOR.services_by_name["XRaft"].methods_by_name)
 
 
-class XRaftService(pb_grpc.XRaftServicer):
+class XRaftService(AdminRpcs, pb_grpc.XRaftServicer):
     def __init__(self, backend, *, registry: BlockingRegistry | None = None, token: str | None = None,
                  grpc_address_of=None, info_server=None, client_memory: ClientMemory | None = None,
                  layout=None, admin=None, slot_moves=None, membership=None):
@@ -680,70 +681,6 @@ class XRaftService(pb_grpc.XRaftServicer):
             return pb.ExecuteResponse(reply=cv.value_pb(await self._execute(call, list(request.argv))))
         return await self._handle(request, context, body)
 
-    async def ClusterLayout(self, request, context):
-        if self._layout is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no slot map")
-
-        async def body(call):
-            return layout_pb(*self._layout())
-        return await self._handle(request, context, body)
-
-    async def TransferLeader(self, request, context):
-        if self._admin is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no leader transfer")
-
-        async def body(call):
-            return await self._admin.transfer_leader(request, call.remaining())
-        return await self._handle(request, context, body)
-
-    async def RebalancePlan(self, request, context):
-        if self._admin is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no slot map")
-
-        async def body(call):
-            return self._admin.rebalance_plan()
-        return await self._handle(request, context, body)
-
-    async def GetSlotMap(self, request, context):
-        if self._admin is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no slot map")
-
-        async def body(call):
-            return self._admin.get_slot_map()
-        return await self._handle(request, context, body)
-
-    async def ProposeMapChange(self, request, context):
-        if self._admin is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no metadata group")
-
-        async def body(call):
-            return await self._admin.propose_map_change(request, call.remaining())
-        return await self._handle(request, context, body)
-
-    async def SlotMoveStep(self, request, context):
-        if self._slot_moves is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no slot moves")
-
-        async def body(call):
-            return await self._slot_moves.step(request)
-        return await self._handle(request, context, body)
-
-    async def GroupMembership(self, request, context):
-        if self._membership is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no membership changes")
-
-        async def body(call):
-            return await self._membership.handle(request)
-        return await self._handle(request, context, body)
-
-    async def MembershipPlan(self, request, context):
-        if self._membership is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server has no membership changes")
-
-        async def body(call):
-            return self._membership.plan(request)
-        return await self._handle(request, context, body)
-
     # -- streaming (grpc_streams.py) ----------------------------------------------------------
 
     # Async generator functions taking (service, request, context): as class
@@ -755,20 +692,6 @@ class XRaftService(pb_grpc.XRaftServicer):
 
 _SERVER_EXECUTE = {b"ping": XRaftService._server_ping, b"info": XRaftService._server_info,
                    b"cluster": XRaftService._server_cluster, b"command": XRaftService._server_command}
-
-
-def layout_pb(slot_map, leaders: dict, node_id: int) -> pb.ClusterLayoutResponse:
-    """ClusterLayoutResponse of a cluster/slot_map.SlotMap, {group id: (leader id, term)} and
-    the answering node's id."""
-    out = pb.ClusterLayoutResponse(epoch=slot_map.epoch, node_id=node_id)
-    for n in sorted(slot_map.nodes.values(), key=lambda n: n.node_id):
-        out.nodes.add(id=n.node_id, grpc=n.grpc, resp=n.resp, state=n.state.value)
-    for gid, g in sorted(slot_map.groups.items()):
-        lead, term = leaders.get(gid, (0, 0))
-        out.groups.add(id=gid, leader=lead, term=term, voters=g.voters, learners=g.learners,
-                       preferred_leader=g.preferred_leader,
-                       slots=[pb.SlotRange(first=a, last=b) for a, b in slot_map.ranges(gid)])
-    return out
 
 
 def _check_arity(name: str, argv) -> None:

@@ -52,10 +52,15 @@ Exit codes: 0 clean stop, 2 bad configuration, 1 could not start
 """
 from __future__ import annotations
 
-import asyncio
+import os
+
+# Before anything imports grpc: its fork handlers would restart grpc's threads inside a snapshot
+# child (runtime/snapshot_child.py), which must run nothing but the serializer, and they abort it.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
+import asyncio  # noqa: E402
 import dataclasses
 import logging
-import os
 import shutil
 import signal
 import sys

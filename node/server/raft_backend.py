@@ -600,6 +600,8 @@ class RaftBackend(Backend):
             "raft_syncs": d.stats.syncs,
             "raft_snapshots_created": d.stats.snapshots_created,
             "raft_snapshots_installed": d.stats.snapshots_installed,
+            "raft_snapshots_in_child": d.stats.snapshots_in_child,
+            "raft_snapshot_child_failures": d.stats.snapshot_child_failures,
             "raft_time_clamped": self.stamper.clamped,
             "raft_time_capped": self.stamper.capped,
             "raft_failed": st.failed or "",

@@ -291,6 +291,8 @@ def test_acknowledged_proposals_survive_restart_of_all_nodes(tmp_path, run, inli
                     assert isinstance(r, int), r
                     acked[f"r{rnd}k{i}"] = str(i)
             await c.wait_converged()
+            # Images are made by forked children while the group goes on: wait for them.
+            await c.wait_for(lambda: all(c.g(n).stats.snapshots_created == 1 for n in c.ids), what="the snapshots")
             for n in c.ids:
                 assert c.g(n).stats.snapshots_created == 1 and c.g(n).applied - c.g(n).snap_index >= 100
             for n in list(c.nodes):

@@ -13,6 +13,9 @@ def test_a_log_of_big_entries_is_snapshotted_by_its_bytes_and_restarts_from_the_
             for i in range(40):                       # 2.5 MiB of entries: two images at least
                 await leader.propose(b"k%d=" % i + blob, 10)
             await c.wait_converged()
+            # Images are made by forked children while the groups go on: wait for them.
+            await c.wait_for(lambda: all(c.g(n).stats.snapshots_created >= 2 and c.g(n).applied - c.g(n).snap_index < 40
+                                         for n in c.ids), what="two snapshots on every node")
             for nid in c.ids:
                 g = c.g(nid)
                 assert g.stats.snapshots_created >= 2, (nid, g.stats)

@@ -205,6 +205,11 @@ def test_a_follower_that_missed_a_snapshots_worth_catches_up(tmp_path, run):
             c.net.isolate(lagging.raft_id, IDS)
             for i in range(1, 61):
                 await leader.submit([xadd(b"s", b"1-%d" % i, i=str(i))])
+            # Images are made by forked children while the group goes on: wait for two.
+            for _ in range(1000):
+                if leader.driver.stats.snapshots_created >= 2:
+                    break
+                await asyncio.sleep(0.01)
             assert leader.driver.stats.snapshots_created >= 2
             assert leader.driver.status().first_index > lagging.driver.applied + 1   # its entries are gone
             c.ready[lagging.raft_id].clear()

@@ -1,0 +1,195 @@
+"""State machine snapshots made in a forked child, as redis' BGSAVE makes its RDB file.
+
+Why: a group's snapshot serializes its whole state machine. On the node's one event loop that
+stops every group of the node for as long as it takes (seconds at millions of entries): a
+leader sends no heartbeats, its followers elect another leader, and the clients' writes in
+flight end with an unknown outcome. A forked child sees the state frozen at the fork (the
+kernel's copy-on-write), serializes it and writes the snapshot's .tmp file while the parent
+goes on applying, replicating and serving. The parent then publishes the file (rename,
+directory fsync, WAL marker: DiskStorage.adopt_snapshot) as a short storage job.
+
+    parent (loop thread)                 child
+    plan = storage.plan_snapshot(...)
+    fork() ------------------------------> signals to defaults, dies with the parent (prctl),
+    goes on; a thread waits on the pipe    gc off; data = make(); tmp = plan.write(data)
+                                           writes RESULT (magic, data length) to the pipe,
+    <-------------------------------------  _exit(0) (no atexit, no flush of inherited buffers)
+    result checked (exit status 0, a whole RESULT); then adopt_snapshot(plan, tmp, length)
+
+The child touches no socket, lock or thread of the parent: it runs only the pure serializer
+and plain file I/O, then _exit()s. A child that fails (exit status, a short RESULT, fork
+refused for memory) is a SnapshotChildError: the caller keeps its log and tries again later
+(or makes the image in process). Memory: pages the parent writes while the child runs are
+copied, up to the state's size in the worst case (documented in docs/architecture.md).
+
+XRAFT_TEST_SNAPSHOT_CHILD (tests only): "sleep:S" makes the child sleep S seconds before
+serializing, "wait:PATH" wait until PATH exists (60 s at most); "fail" makes it exit with
+status 1 before writing anything.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import os
+import signal
+import struct
+import sys
+from typing import Callable
+
+RESULT = struct.Struct(">8sQ")              # magic, data length
+RESULT_MAGIC = b"XRSNAPOK"
+TEST_ENV = "XRAFT_TEST_SNAPSHOT_CHILD"
+_PR_SET_PDEATHSIG = 1
+_CHILD_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
+
+
+class SnapshotChildError(Exception):
+    """The child did not produce a snapshot file (why: its exit status or what it wrote)."""
+
+
+def available() -> bool:
+    """Snapshots in a child need fork() and prctl (Linux)."""
+    return hasattr(os, "fork") and sys.platform.startswith("linux")
+
+
+class ChildImage:
+    """One snapshot child: run() forks it and returns the image's data length once it exited
+    cleanly (SnapshotChildError otherwise); kill() ends it at once (a closing group: its
+    directory may be reopened or deleted right after, so nothing of the child may linger)."""
+
+    def __init__(self, make: Callable[[], bytes], write: Callable[[bytes], str], tmp: str):
+        self._make = make
+        self._write = write
+        self.tmp = tmp            # the file write() makes (removed if the child fails or is killed)
+        self.pid = 0
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        parent = os.getpid()
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(r)
+            os.close(w)
+            raise SnapshotChildError(f"fork refused: {exc}") from exc
+        if pid == 0:
+            _child(parent, r, w, self._make, self._write)    # never returns
+        self.pid = pid
+        os.close(w)
+        waiting = loop.run_in_executor(None, _wait_child, pid, r)
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            # The pipe's writer dies with the child: the waiting thread sees EOF, reaps it and
+            # ends, and the half-written .tmp goes (a node opening the directory deletes it too).
+            self.kill()
+            waiting.add_done_callback(lambda f: (f.cancelled() or f.exception(), _remove(self.tmp)))
+            raise
+        except BaseException:
+            _remove(self.tmp)
+            raise
+
+    def kill(self) -> None:
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+async def image_in_child(make: Callable[[], bytes], write: Callable[[bytes], str], tmp: str) -> int:
+    """ChildImage(make, write, tmp).run()."""
+    return await ChildImage(make, write, tmp).run()
+
+
+def _wait_child(pid: int, r: int) -> int:
+    """A worker thread: everything the child writes to the pipe, then its exit status."""
+    try:
+        chunks, size = [], 0
+        while size <= RESULT.size:                   # limit: a well-behaved child writes RESULT.size
+            b = os.read(r, 4096)
+            if not b:
+                break
+            chunks.append(b)
+            size += len(b)
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    out = b"".join(chunks)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SnapshotChildError(f"snapshot child {pid} exited with status {code}")
+    if len(out) != RESULT.size:
+        raise SnapshotChildError(f"snapshot child {pid} wrote {len(out)} bytes, not a {RESULT.size}-byte result")
+    magic, n = RESULT.unpack(out)
+    if magic != RESULT_MAGIC:
+        raise SnapshotChildError(f"snapshot child {pid} wrote {out!r}, not a result")
+    return n
+
+
+def _child(parent: int, r: int, w: int, make: Callable[[], bytes], write: Callable[[bytes], str]) -> None:
+    code = 1
+    try:
+        os.close(r)
+        # Nothing of the parent's stays open here but stdio and the pipe: an inherited WAL
+        # lock (flock) would outlive the parent's close, a socket its listener.
+        os.closerange(3, w)
+        os.closerange(w + 1, _max_fd())
+        _detach_signals()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:                   # the parent died before prctl took
+            os._exit(1)
+        gc.disable()                                 # a collection would touch (copy) every page
+        test = os.environ.get(TEST_ENV, "")
+        if test == "fail":
+            os._exit(1)
+        if test.startswith("sleep:"):
+            import time
+            time.sleep(float(test[len("sleep:"):]))
+        elif test.startswith("wait:"):              # until the test creates this file (60 s at most)
+            import time
+            for _ in range(6000):
+                if os.path.exists(test[len("wait:"):]):
+                    break
+                time.sleep(0.01)
+        data = make()
+        write(data)
+        out = memoryview(RESULT.pack(RESULT_MAGIC, len(data)))
+        while out:
+            out = out[os.write(w, out):]
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - the status says it failed; stderr says why
+        try:
+            os.write(2, f"xraft snapshot child {os.getpid()}: {exc!r}\n".encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+def _detach_signals() -> None:
+    """The parent's signal handlers write to its event loop's wakeup fd, which the child
+    shares: a signal to the child must not look like one to the parent."""
+    try:
+        signal.set_wakeup_fd(-1)
+        for name in _CHILD_SIGNALS:
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    except ValueError:                               # not the main thread: no Python handlers here
+        pass
+
+
+def _max_fd() -> int:
+    try:
+        return max(os.sysconf("SC_OPEN_MAX"), 1024)
+    except (ValueError, OSError):
+        return 1 << 16
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
