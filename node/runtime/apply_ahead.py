@@ -8,7 +8,7 @@ slot move's chunk at the target group: decoding and checking a 100k-entry stream
 by as much; and all three nodes host the target group, so a commit of another group, which
 needs two nodes, could wait for two such applies in a row (bench/README.md, session 10).
 
-How (GroupDriver._finish / _apply_ahead). The machine's optional
+How (GroupDriver._finish, ApplyAhead below). The machine's optional
 `prepare(index, data, record) -> callable | None` (FsmAdapter -> StateMachine.prepare)
 names that part for entries of at least its `prepare_min_bytes`. The driver stops applying
 a Ready's committed entries before such an entry; the group stays busy (its core and
@@ -27,8 +27,14 @@ SWITCH_INTERVAL_S instead (process-wide, restored when the last one ends).
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from ..raft.types import Entry, EntryType
+
+log = logging.getLogger("xraft.driver")
 
 SWITCH_INTERVAL_S = 0.0005
 
@@ -61,3 +67,67 @@ def gil_shared():
         _running -= 1
         if _running == 0:
             sys.setswitchinterval(_saved_interval)
+
+
+class ApplyAhead:
+    """GroupDriver's part that runs entries' prepares (the module doc). Uses the driver's
+    _prepare, _prepare_min_bytes, _prep_executor and _ahead (set in its __init__), and its
+    _finish, _maybe_snapshot, _job_ended, _run_host and fail_stop."""
+
+    def _prepare_of(self, e: Entry):
+        """The machine's callable for the costly part of e's apply, or None."""
+        if (e.type != EntryType.NORMAL or len(e.data) < self._prepare_min_bytes or not e.data
+                or e.index <= self.applied):
+            return None
+        p = self._pending.get(e.index)
+        decoded = p.decoded if p is not None and p.term == e.term else None
+        try:
+            return self._prepare(e.index, e.data, decoded)
+        except Exception:  # the apply meets the same bytes and decides about them itself
+            log.exception("group %d node %d: prepare of entry %d failed", self.group_id, self.node_id, e.index)
+            return None
+
+    async def run_off_loop(self, fn: Callable[[], Any]) -> Any:
+        """fn() in the node's prepare thread (apply_ahead.py; inline without one), for a
+        costly read of state that no apply changes meanwhile (the caller's promise: e.g. the
+        keys of slots a move has sealed). The loop serves every group while it runs."""
+        if self._prep_executor is None:
+            return fn()
+        with gil_shared():
+            return await self.host.loop.run_in_executor(self._prep_executor, fn)
+
+    def _start_ahead(self) -> None:
+        """The group stays busy while _apply_ahead() finishes the Ready (a job like a storage
+        job); then, as a storage job's end does, a due snapshot, the job's end, a pump."""
+        self.busy = True
+        self.task = self.host.loop.create_task(self._ahead_job())
+
+    async def _ahead_job(self) -> None:
+        try:
+            await self._apply_ahead()
+        except Exception as exc:
+            self.fail_stop(exc)
+        self.task = None
+        if self.failed is None and not self.host.closing and self._maybe_snapshot(job_ending=True):
+            self._run_host()  # a snapshot job took over; the group stays busy
+            return
+        self._job_ended()
+        self._run_host()
+
+    async def _apply_ahead(self) -> None:
+        """In _ahead_job (the group is busy): run each stopped entry's prepare in the prepare
+        thread, then finish the Ready from that entry on (apply_ahead.py)."""
+        while self._ahead is not None:
+            rd, i, fn = self._ahead
+            self._ahead = None
+            try:
+                with gil_shared():
+                    await self.host.loop.run_in_executor(self._prep_executor, fn)
+                self.stats.prepared_off_loop += 1
+            except Exception:  # the apply does all of its work itself then
+                log.exception("group %d node %d: prepare of entry %d failed", self.group_id, self.node_id,
+                              rd.committed_entries[i].index)
+            if self.failed is not None:
+                return                      # fail-stopped meanwhile: apply nothing more
+            if self._finish(rd, i):
+                break

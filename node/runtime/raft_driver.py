@@ -123,7 +123,7 @@ def _entries_bytes(entries: Sequence[Entry]) -> int:
     return n
 
 
-class GroupDriver:
+class GroupDriver(apply_ahead.ApplyAhead):
     """One group member. Build with GroupDriver.open(); MultiRaft.add_group() does."""
 
     def __init__(self, group_id: int, node_id: int, storage: DiskStorage, sm: StateMachine,
@@ -735,64 +735,6 @@ class GroupDriver:
         if rd.soft_state is not None:
             self._check_leadership()
         return True
-
-    def _prepare_of(self, e: Entry):
-        """The machine's callable for the costly part of e's apply, or None."""
-        if (e.type != EntryType.NORMAL or len(e.data) < self._prepare_min_bytes or not e.data
-                or e.index <= self.applied):
-            return None
-        p = self._pending.get(e.index)
-        decoded = p.decoded if p is not None and p.term == e.term else None
-        try:
-            return self._prepare(e.index, e.data, decoded)
-        except Exception:  # the apply meets the same bytes and decides about them itself
-            log.exception("group %d node %d: prepare of entry %d failed", self.group_id, self.node_id, e.index)
-            return None
-
-    async def run_off_loop(self, fn: Callable[[], Any]) -> Any:
-        """fn() in the node's prepare thread (apply_ahead.py; inline without one), for a
-        costly read of state that no apply changes meanwhile (the caller's promise: e.g. the
-        keys of slots a move has sealed). The loop serves every group while it runs."""
-        if self._prep_executor is None:
-            return fn()
-        with apply_ahead.gil_shared():
-            return await self.host.loop.run_in_executor(self._prep_executor, fn)
-
-    def _start_ahead(self) -> None:
-        """The group stays busy while _apply_ahead() finishes the Ready (a job like a storage
-        job); then, as a storage job's end does, a due snapshot, the job's end, a pump."""
-        self.busy = True
-        self.task = self.host.loop.create_task(self._ahead_job())
-
-    async def _ahead_job(self) -> None:
-        try:
-            await self._apply_ahead()
-        except Exception as exc:
-            self.fail_stop(exc)
-        self.task = None
-        if self.failed is None and not self.host.closing and self._maybe_snapshot(job_ending=True):
-            self._run_host()  # a snapshot job took over; the group stays busy
-            return
-        self._job_ended()
-        self._run_host()
-
-    async def _apply_ahead(self) -> None:
-        """In _ahead_job (the group is busy): run each stopped entry's prepare in the prepare
-        thread, then finish the Ready from that entry on (apply_ahead.py)."""
-        while self._ahead is not None:
-            rd, i, fn = self._ahead
-            self._ahead = None
-            try:
-                with apply_ahead.gil_shared():
-                    await self.host.loop.run_in_executor(self._prep_executor, fn)
-                self.stats.prepared_off_loop += 1
-            except Exception:  # the apply does all of its work itself then
-                log.exception("group %d node %d: prepare of entry %d failed", self.group_id, self.node_id,
-                              rd.committed_entries[i].index)
-            if self.failed is not None:
-                return                      # fail-stopped meanwhile: apply nothing more
-            if self._finish(rd, i):
-                break
 
     def _install(self, snap: Snapshot) -> None:
         idx = snap.metadata.index
