@@ -57,6 +57,62 @@ def apply_move(sm, argv, index: int, now: int):
     return _OPS[op](sm, m, phase, argv, index, now)
 
 
+# A chunk smaller than this is decoded inside its apply: a thread hop costs more than it saves.
+PREPARE_MIN_BYTES = 64 << 10
+
+
+def prepare_move(sm, argv, index: int):
+    """The costly, pure part of applying this SLOT_MOVE record at log index `index` (decoding
+    and checking the records of a STAGE / PRESTAGE chunk of at least PREPARE_MIN_BYTES: tens
+    of ms for a stream with a big PEL) as a callable that leaves its result in sm.prepared for
+    that apply; None when there is no such part. The node runs it in a thread after entry
+    index-1 is applied and before this one is (GroupDriver, "Costly applies off the loop"),
+    so its event loop serves the other groups meanwhile. The apply takes the result only if
+    it was made from the very inputs the apply has (the bytes, and for STAGE the pre-copy
+    base as it is then), else decodes again: the state never depends on whether, or when,
+    the callable ran."""
+    parsed = parse_move(argv)
+    if isinstance(parsed, MoveRefused):
+        return None
+    op, m = parsed
+    if op not in (b"STAGE", b"PRESTAGE"):
+        return None
+    phase = sm.moves.phase(m)
+    if phase not in (None, Phase.STAGING):
+        return None
+    st = sm.moves.staging.get(m) if phase is Phase.STAGING else None
+    try:
+        after = bytes(argv[5])
+        if after not in (END, KEYS_DONE) and decode_cursor(after)[2]:
+            return None                              # a piece of a big record: nothing to decode yet
+    except ValueError:
+        return None
+    if op == b"PRESTAGE":
+        data = (st.pre_partial if st is not None else b"") + bytes(argv[6])
+        base, version = None, 0
+    else:
+        data = (st.partial if st is not None else b"") + bytes(argv[7])
+        base = st.base if st is not None and st.base else None
+        version = st.base_version if st is not None else 0
+    if len(data) < PREPARE_MIN_BYTES:
+        return None
+
+    def run() -> None:
+        result = _load_prestage(data) if op == b"PRESTAGE" else _decode_chunk(base, data)
+        sm.prepared.setdefault(index, []).append((base, version, data, result))
+    return run
+
+
+def _take_prepared(sm, index: int, base, version: int, data: bytes):
+    """The decode prepare_move made for this apply from exactly these inputs, or None."""
+    made = sm.prepared.get(index)
+    for i, (b, v, d, result) in enumerate(made or ()):
+        if b is base and v == version and d == data:
+            del made[i]
+            return result
+    return None
+
+
 def _wrong(m: MoveId, phase) -> MoveRefused:
     if phase is None:
         return MoveRefused(m, "move %s is not sealed here" % m)
@@ -129,7 +185,9 @@ def _stage(sm, m, phase, argv, index, now):
             return MoveRefused(m, "bad chunk for move %s: a piece that does not end at its cursor" % m)
         recs = []
     else:
-        recs = _check_chunk(m, st, before, after, st.partial + chunk, sessions, now)
+        data = st.partial + chunk
+        recs = _check_chunk(m, st, before, after, data, sessions, now,
+                            _take_prepared(sm, index, st.base if st.base else None, st.base_version, data))
         if isinstance(recs, str):
             return MoveRefused(m, "bad chunk for move %s: %s" % (m, recs))
     if phase is None:
@@ -186,11 +244,13 @@ def _prestage(sm, m, phase, argv, index, now):
     else:
         # Checked as STAGE checks records (which also warms the engine's cache of checked
         # stream nodes, so the sealed copy and ACTIVATE meet these nodes again for free).
-        try:
-            recs = [(key, raw) for key, _, raw in load_records(st.pre_partial + chunk)]
-        except CorruptDump as e:
+        data = st.pre_partial + chunk
+        recs = _take_prepared(sm, index, None, 0, data)
+        if recs is None:
+            recs = _load_prestage(data)
+        if isinstance(recs, CorruptDump):
             if not st.pre_partial:
-                return MoveRefused(m, "bad pre-copy chunk for move %s: %s" % (m, e))
+                return MoveRefused(m, "bad pre-copy chunk for move %s: %s" % (m, recs))
             recs = []                                # a record A changed between its pieces
         if any(not m.first <= key_position(key)[0] <= m.last for key, _ in recs):
             return MoveRefused(m, "bad pre-copy chunk for move %s: a key outside its slots" % m)
@@ -200,6 +260,8 @@ def _prestage(sm, m, phase, argv, index, now):
     st.pre_partial = st.pre_partial + chunk if piece else b""
     for key, raw in recs:
         st.base[key] = raw
+    if recs:
+        st.base_version += 1
     st.pre_cursor = after
     return len(st.base)
 
@@ -218,9 +280,9 @@ def _record_size(buf: bytes, pos: int) -> int:
     return size
 
 
-def _resolve_deltas(st, chunk: bytes) -> bytes:
+def _resolve_deltas(base, chunk: bytes) -> bytes:
     """The chunk with each DELTA record rebuilt into the full record, from the pre-copy."""
-    if not st.base:
+    if not base:
         return chunk
     out, pos = [], 0
     while pos < len(chunk):
@@ -228,20 +290,39 @@ def _resolve_deltas(st, chunk: bytes) -> bytes:
         raw = chunk[pos:pos + size]
         if raw[0] == DELTA_TAG:
             key = split_record(raw)[1]
-            raw = apply_delta(raw, st.base.get(key))[1]
+            raw = apply_delta(raw, base.get(key))[1]
         out.append(raw)
         pos += size
     return b"".join(out)
 
 
-def _check_chunk(m, st, before, after, chunk, sessions, now):
-    """The chunk's [(key, value, record)], or what is wrong with it (a str)."""
+def _load_prestage(data: bytes):
+    """PRESTAGE's decode of a chunk: [(key, record)], or the CorruptDump (returned, so a
+    decode run ahead of the apply hands it over as a value)."""
     try:
-        recs = load_records(_resolve_deltas(st, chunk))
+        return [(key, raw) for key, _, raw in load_records(data)]
+    except CorruptDump as e:
+        return e
+
+
+def _decode_chunk(base, chunk: bytes):
+    """STAGE's decode of a chunk (DELTA records rebuilt from `base`, the pre-copy):
+    [(key, value, record)], or what is wrong with it (a str)."""
+    try:
+        return load_records(_resolve_deltas(base, chunk))
     except DeltaMismatch as e:
         return "delta does not fit the pre-copy: %s" % e
     except CorruptDump as e:
         return str(e)
+
+
+def _check_chunk(m, st, before, after, chunk, sessions, now, recs=None):
+    """The chunk's [(key, value, record)], or what is wrong with it (a str). `recs`: the
+    chunk's decode made ahead of the apply (prepare_move), None: decoded here."""
+    if recs is None:
+        recs = _decode_chunk(st.base, chunk)
+    if isinstance(recs, str):
+        return recs
     last = next(reversed(st.records)) if st.records else None
     prev = key_position(last) if last is not None else None
     lo_slot = decode_cursor(before)[0]

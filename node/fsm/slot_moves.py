@@ -155,6 +155,9 @@ class Staging:
     # key -> the value STAGE decoded from records[key] (checking it), so ACTIVATE need not
     # decode it again: the same value either way. Not in the snapshot (restored: decoded again).
     loaded: dict = field(default_factory=dict, compare=False, repr=False)
+    # Bumped whenever `base` changes: a STAGE chunk decoded ahead of its apply (prepare_move)
+    # against an older base is decoded again. Not in the snapshot (nothing prepared survives one).
+    base_version: int = field(default=0, compare=False, repr=False)
 
     def digest(self) -> bytes:
         return digest_of(self.records.values())

@@ -71,12 +71,12 @@ from ..raft.types import EntryType
 from .blocking import is_blocking_form, may_run_again, reply_in_multi
 from .config_set import apply_config_set
 from .entry import MAX_NOW_MS, Kind, Record, decode_record
-from .errors import BlockingFormInLog, CorruptSnapshot, ExecAbort, NotARead
+from .errors import BlockingFormInLog, CorruptEntry, CorruptSnapshot, ExecAbort, NotARead
 from .resolve import is_config_set, queue_check
 from .sessions import MAGIC as SESSIONS_MAGIC
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
                        DEFAULT_SESSION_TIMEOUT_MS, CorruptSessions, Sessions)
-from .slot_move_apply import apply_move
+from .slot_move_apply import apply_move, prepare_move
 from .slot_moves import CorruptMoves, SlotMoves
 from .slot_owner import CorruptOwnedSlots, OwnedSlots, SlotNotOwned, spec_keys
 from .watch import CorruptVersions, KeyVersions, present_before
@@ -121,6 +121,10 @@ class StateMachine:
         self.last_now_ms = 0
         self.last_ready_keys = frozenset()
         self._index = 0           # the entry being applied (the version its writes give keys)
+        # index -> decodes prepare() made for that entry's apply (slot_move_apply.prepare_move);
+        # not state: emptied after each apply and on restore.
+        self.prepared: dict = {}
+        self._prepared_record: Optional[tuple] = None   # (index, data, its Record) prepare() decoded
 
     # -- apply -------------------------------------------------------------------
 
@@ -148,7 +152,12 @@ class StateMachine:
             self.skip(entry_index)
             return []
         if record is None:
-            record = decode_record(data)          # raises before anything changes
+            ahead = self._prepared_record
+            if ahead is not None and ahead[0] == entry_index and ahead[1] is data:
+                record = ahead[2]                 # prepare() decoded these very bytes
+            else:
+                record = decode_record(data)      # raises before anything changes
+        self._prepared_record = None
         self.keyspace.pop_ready_keys()            # leftovers are not this entry's
         now = max(record.now_ms, self.last_now_ms)
         self.sessions.expire(now)                 # by replicated time, before this record's requests
@@ -158,7 +167,28 @@ class StateMachine:
         self.last_now_ms = max(now, self.last_now_ms)   # a STAGE may raise it (a move's time floor)
         self.applied_index = entry_index
         self.last_ready_keys = frozenset(self.keyspace.pop_ready_keys())
+        if self.prepared:
+            self.prepared.clear()
         return results
+
+    def prepare(self, entry_index: int, data: bytes, record: Optional[Record] = None):
+        """A callable doing the costly, pure part of applying the record `data` at entry_index
+        (a big slot-move chunk's decode: slot_move_apply.prepare_move), for the caller to run
+        in another thread right before apply(entry_index, ...); None when there is none. The
+        apply's result and the state are the same whether it ran or not."""
+        if not data:
+            return None
+        if record is None:
+            try:
+                record = decode_record(data)
+            except CorruptEntry:
+                return None                       # the apply says so
+            self._prepared_record = (entry_index, data, record)   # not decoded twice
+        fns = [fn for fn in (prepare_move(self, req.argv, entry_index) for req in record.requests
+                             if req.kind == Kind.SLOT_MOVE) if fn is not None]
+        if len(fns) <= 1:
+            return fns[0] if fns else None
+        return lambda: [fn() for fn in fns]
 
     def skip(self, entry_index: int) -> None:
         """Advance over an entry that is not the fsm's (Raft's empty entries,
@@ -361,6 +391,8 @@ class StateMachine:
         self.applied_index = applied
         self.last_now_ms = now_ms
         self.last_ready_keys = frozenset()
+        self.prepared.clear()
+        self._prepared_record = None
 
 
 @contextlib.contextmanager

@@ -84,6 +84,11 @@ class StateMachine(Protocol):
     # apply(index, data, False) for entries no local caller waits for, and may then
     # skip building results (its state must change exactly the same).
 
+    # Optional: `prepare(index, data, decoded) -> callable | None` with `prepare_min_bytes`
+    # (int): the pure, costly part of applying an entry of at least that many bytes, for the
+    # driver to run in the host's prepare_executor right before apply(index, ...)
+    # (apply_ahead.py). The results and the state must not depend on whether it ran.
+
     def snapshot(self) -> bytes:
         """The machine's whole state as of its last applied entry."""
         ...
@@ -109,6 +114,8 @@ class DriverHost(Protocol):
     # Optional (MultiRaft has both): `inline_sync_bytes` (int; 0 = never sync on the
     # loop thread) and `run_now()` (pump the marked groups and send, from a loop
     # callback); a host without them gets executor syncs and the next loop pass.
+    # Optional: `prepare_executor` (an Executor), where a machine's prepare() callables
+    # run (apply_ahead.py); a host without one applies every entry wholly on the loop.
 
 
 # ---------------------------------------------------------------- options and stats
@@ -171,6 +178,7 @@ class GroupStats:
     last_snapshot_bytes: int = 0  # the newest snapshot's image (created or installed), bytes
     snapshots_in_child: int = 0  # images a forked child made (of snapshots_created, or discarded)
     snapshot_child_failures: int = 0  # children that made no file (fork refused, crash, exit status)
+    prepared_off_loop: int = 0  # entries whose apply's costly part ran in the prepare thread
     inbox_dropped: int = 0
     step_errors: int = 0
 

@@ -51,9 +51,12 @@ fsyncs run in a thread pool (io_threads), except small follower appends
 job at a time (see raft_driver.py: "busy"), which keeps per-group ordering;
 different groups sync in parallel.
 
-Inline syncs only while the node leads no awake group. An inline fsync blocks the
-loop thread (0.5-5 ms on a shared disk), which costs nothing on a pure follower
-(the ack waits for the sync anyway) but stalls everything else on the loop. On a
+Inline syncs only while the node leads no awake group and follows at most one. An
+inline fsync blocks the loop thread (0.5-5 ms on a shared disk; 20-200 ms seen while a
+slot move wrote MBs to the same disk: XRAFT_STALL_TRACE, bench/README.md session 10),
+which costs nothing on a follower of one group (the ack waits for the sync anyway) but
+stalls everything else on the loop: a follower of two awake groups made each group's
+ack wait for the other's fsync too, one after the other. On a
 sharded node that leads some groups and follows others, a follower append of each
 followed group fsynced one after the other on the loop held up the node's own
 leaders (taking requests, stepping acks, applying) for every one of them: profiled
@@ -81,6 +84,7 @@ from typing import Optional, Sequence
 
 from ..cluster.slot_map import node_of_replica
 from ..raft.types import Message, MessageType, StateRole
+from . import apply_ahead
 from .disk_storage import DiskStorage
 from .liveness import LIVENESS_GROUP_ID, NodeLiveness
 from .raft_driver import GroupDriver, GroupOptions, StateMachine
@@ -166,6 +170,7 @@ class MultiRaft:
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.executor = ThreadPoolExecutor(max_workers=options.io_threads,
                                            thread_name_prefix=f"xraft-io-{node_id}")
+        self.prepare_executor = apply_ahead.new_executor(node_id)   # costly applies' pure part
         self.closing = False
         self.closed = False
         self._started = False
@@ -181,7 +186,8 @@ class MultiRaft:
         self._crashed_exc: Optional[BaseException] = None
         self._iterating = False
         # Read by GroupDriver at each durable Ready: options.inline_sync_bytes while this node
-        # leads no awake group, else 0 (see "Inline syncs only while the node leads no awake group"); set each tick.
+        # leads no awake group and follows at most one, else 0 (see "Inline syncs only while
+        # the node leads no awake group"); set each tick.
         self.inline_sync_bytes = options.inline_sync_bytes
         # Quiesced groups' followers watch their leaders' nodes instead (liveness.py).
         self.liveness = NodeLiveness(node_id, silence_ticks=options.group.election_tick)
@@ -253,6 +259,7 @@ class MultiRaft:
         for g in self.groups.values():
             await self.loop.run_in_executor(self.executor, g.close_storage)
         self.executor.shutdown(wait=True)
+        self.prepare_executor.shutdown(wait=True)
         self.closed = True
 
     async def abort(self) -> list[DiskStorage]:
@@ -262,6 +269,7 @@ class MultiRaft:
         for g in self.groups.values():
             g.closed = True
         self.executor.shutdown(wait=True)
+        self.prepare_executor.shutdown(wait=True)
         self.closed = True
         return [g.storage for g in self.groups.values()]
 
@@ -405,15 +413,18 @@ class MultiRaft:
             st.ticks += 1
             dirty = self._dirty
             leads_awake = False
+            awake = 0
             for g in self.groups.values():
                 raft = g.rn.raft
                 if raft.quiesced:
                     continue  # asleep: its tick is a no-op (a message or a wake marks it dirty)
+                awake += 1
                 if raft.state == StateRole.LEADER:
                     leads_awake = True
                 g.pending_ticks += 1
                 dirty[g] = None
-            self.inline_sync_bytes = 0 if leads_awake else self.options.inline_sync_bytes
+            inline = not leads_awake and awake <= 1
+            self.inline_sync_bytes = self.options.inline_sync_bytes if inline else 0
             self.liveness.on_tick(self.groups.values(), self.send)
         # Groups marked while we pump (their own follow-ups) wait for the next iteration.
         dirty, self._dirty = self._dirty, {}

@@ -36,8 +36,9 @@ single-node group, or every follower paused): its loop keeps taking requests
 while it syncs, which is what gathers them into large records
 (raft_backend.py, group commit; measured: inline leader syncs made every
 request a record of its own). For the same reason a follower does not sync
-inline while its node leads another group (the host's inline_sync_bytes is 0
-then; multiraft.py "Inline syncs only while the node leads no awake group").
+inline while its node leads another group or follows another awake one (the host's
+inline_sync_bytes is 0 then; multiraft.py "Inline syncs only while the node leads no
+awake group").
 
 Why "busy" blocks the whole group while its fsync runs: DiskStorage and the
 WAL are not thread-safe, and the core reads storage (entries for MsgApp,
@@ -86,7 +87,7 @@ from ..raft.rawnode import RawNode, Status
 from ..raft.types import NONE, ConfChange, ConfChangeError, ConfChangeV2, ConfState, Entry, EntryType, \
     HardState, Message, ProposalDropped as CoreProposalDropped, Ready, Snapshot, SnapshotOutOfDate, \
     SnapshotMetadata, StateRole, StepError
-from . import latency_trace
+from . import apply_ahead, latency_trace
 from .disk_storage import DiskStorage
 from . import snapshot_child
 from .proposal import PROPOSED, QUEUED, Callback, Proposal, monotonic_ms
@@ -122,7 +123,7 @@ def _entries_bytes(entries: Sequence[Entry]) -> int:
     return n
 
 
-class GroupDriver:
+class GroupDriver(apply_ahead.ApplyAhead):
     """One group member. Build with GroupDriver.open(); MultiRaft.add_group() does."""
 
     def __init__(self, group_id: int, node_id: int, storage: DiskStorage, sm: StateMachine,
@@ -194,6 +195,12 @@ class GroupDriver:
         self._flush_timer: Optional[asyncio.TimerHandle] = None
         self._flush_wanted = False  # the timer fired: pump() starts a flush job if still due
         self._results_optional = bool(getattr(sm, "results_optional", False))
+        # Costly applies off the loop (apply_ahead.py): the machine's prepare() for entries of
+        # at least prepare_min_bytes, run in the host's prepare_executor; where it stopped.
+        self._prep_executor = getattr(host, "prepare_executor", None)
+        self._prepare = getattr(sm, "prepare", None) if self._prep_executor is not None else None
+        self._prepare_min_bytes = int(getattr(sm, "prepare_min_bytes", 0))
+        self._ahead: Optional[tuple] = None  # (Ready, position of its committed entry, callable)
         self._reported = (StateRole.FOLLOWER, NONE, 0, False)  # (role, lead, term, failed) last told
         self._reported_proposals = 0
 
@@ -552,7 +559,9 @@ class GroupDriver:
                 self._log_bounds = (self.storage.first_index(), self.storage.last_index())
                 self.stats.syncs += 1
                 self._arm_flush()
-                self._finish(rd)
+                if not self._finish(rd):
+                    self._start_ahead()
+                    return
                 self.host.mark_dirty(self)  # advance() may have made the next Ready
                 self._maybe_snapshot()
                 return
@@ -562,7 +571,9 @@ class GroupDriver:
             # Only the commit index moved: buffer it, the next sync carries it.
             self.storage.save(rd.hard_state, ())
             self._unsynced_commit_saves += 1
-        self._finish(rd)
+        if not self._finish(rd):
+            self._start_ahead()
+            return
         self._maybe_snapshot()
 
     def _start_persist(self, rd: Ready) -> None:
@@ -592,10 +603,14 @@ class GroupDriver:
         if exc is None:
             self.stats.syncs += 1
             try:
-                self._finish(rd)
+                finished = self._finish(rd)
             except Exception as e:
                 exc = e
             else:
+                if not finished:            # the group stays busy until the Ready is finished
+                    self._start_ahead()
+                    self._run_host()
+                    return
                 if not self.host.closing and self._maybe_snapshot(job_ending=True):
                     self._run_host()  # flush what _finish queued; the group stays busy
                     return
@@ -687,17 +702,28 @@ class GroupDriver:
         """Storage job: sync by the clock (if not yet due, _job_ended() re-arms the timer)."""
         await self.host.loop.run_in_executor(self.host.executor, lambda: self.storage.sync(self._now_ms()))
 
-    def _finish(self, rd: Ready) -> None:
-        """After persisting: promise durability, apply, advance. Loop thread."""
-        send = self.host.send
-        gid = self.group_id
-        for m in rd.persisted_messages:
-            send(gid, m)
-        if rd.snapshot is not None:
-            self._install(rd.snapshot)
-        if latency_trace.ON and rd.committed_entries:
-            latency_trace.mark("commit", rd.committed_entries[-1].index)
-        for e in rd.committed_entries:
+    def _finish(self, rd: Ready, resume_at: Optional[int] = None) -> bool:
+        """After persisting: promise durability, apply, advance. Loop thread. False: stopped
+        before a committed entry whose costly part must run off the loop first (self._ahead;
+        the caller starts _apply_ahead(), which runs it, then resumes here at that entry)."""
+        ents = rd.committed_entries
+        start = 0 if resume_at is None else resume_at
+        if resume_at is None:
+            send = self.host.send
+            gid = self.group_id
+            for m in rd.persisted_messages:
+                send(gid, m)
+            if rd.snapshot is not None:
+                self._install(rd.snapshot)
+            if latency_trace.ON and ents:
+                latency_trace.mark("commit", ents[-1].index)
+        for i in range(start, len(ents)):
+            e = ents[i]
+            if self._prepare is not None and i != resume_at:
+                fn = self._prepare_of(e)
+                if fn is not None:
+                    self._ahead = (rd, i, fn)
+                    return False
             self._apply(e)
             self._bytes_since_snap += len(e.data)
         if latency_trace.ON and rd.committed_entries:
@@ -709,6 +735,7 @@ class GroupDriver:
             self._reads.resolve(self.applied)
         if rd.soft_state is not None:
             self._check_leadership()
+        return True
 
     def _install(self, snap: Snapshot) -> None:
         idx = snap.metadata.index

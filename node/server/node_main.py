@@ -82,7 +82,7 @@ from ..runtime.multiraft import MultiRaft, MultiRaftOptions
 from ..runtime.peer_auth import DEFAULT_SECRET_ENV, SecretError, load_secret
 from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
-from . import logging_setup
+from . import logging_setup, loop_stalls
 from .admin_rpcs import AdminRpcs
 from .slot_move_steps import SlotMoveRpcs, tls_channels
 from .backend import Backend, split_address
@@ -521,6 +521,7 @@ async def run(cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: O
         raise
     node = Node(cfg, secret, tls, token, data, layout)
     loop = asyncio.get_running_loop()
+    stalls = loop_stalls.start(loop, cfg.id)      # XRAFT_STALL_TRACE (benchmarks): None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node.request_stop, sig.name)
     try:
@@ -541,6 +542,8 @@ async def run(cfg: NodeConfig, secret: bytes, tls: Optional[TlsConfig], token: O
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        if stalls is not None:
+            stalls.stop()
         data.close()
 
 

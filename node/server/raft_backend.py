@@ -94,6 +94,7 @@ from ..engine.slots import SLOT_COUNT
 from ..fsm.entry import MAX_RECORD_BYTES, MAX_REQUESTS, Record, encode_record
 from ..cluster.slot_map import node_of_replica
 from ..fsm.resolve import TimeStamper
+from ..fsm.slot_move_apply import PREPARE_MIN_BYTES
 from ..fsm.slot_owner import OwnedSlots
 from ..fsm.state_machine import StateMachine
 from ..invariant import invariant
@@ -155,6 +156,13 @@ class FsmAdapter:
         if ready:
             self._on_applied(ready)
         return results
+
+    # Entries at least this big may have a costly part to run off the loop (prepare()).
+    prepare_min_bytes = PREPARE_MIN_BYTES
+
+    def prepare(self, index: int, data: bytes, record: Optional[Record] = None):
+        """The driver's hook (raft_driver "Costly applies off the loop"): StateMachine.prepare."""
+        return self.sm.prepare(index, data, record)
 
     def snapshot(self) -> bytes:
         return self.sm.snapshot()
@@ -609,11 +617,20 @@ class RaftBackend(Backend):
             await self._read_barrier()
         return self.sm.read(argv, self.stamper.clock(self.now_ms(), self._mono()))
 
-    async def read_state(self, fn):
+    async def read_state(self, fn, off_loop: bool = False):
         """fn(the fsm) once a read index confirmed this leader and it applied up to it: a
-        linearizable read of state no command reads (slot_move_steps.py: export, manifest)."""
+        linearizable read of state no command reads (slot_move_steps.py: export, manifest).
+        off_loop: in the node's prepare thread (GroupDriver.run_off_loop), for a costly read
+        of state that no apply changes meanwhile (the keys of sealed slots). Should an apply
+        change it all the same (an abort's UNSEAL, a late PURGE or PRESTAGE), fn's
+        RuntimeError / KeyError is Unavailable: the caller retries."""
         self._check_open()
         await self._read_barrier()
+        if off_loop:
+            try:
+                return await self.driver.run_off_loop(lambda: fn(self.sm))
+            except (RuntimeError, KeyError) as exc:   # ("changed size during iteration", a key gone)
+                raise Unavailable("the state changed under an off-loop read (%s): retry" % exc) from None
         return fn(self.sm)
 
     async def _read_barrier(self) -> None:

@@ -34,7 +34,7 @@ from ..fsm.entry import Kind, Request
 from ..fsm.slot_export import (decode_have, export_chunk, live_digest, manifest, precopy_status, staged_have,
                                staging_status)
 from ..fsm.slot_move_apply import move_argv
-from ..fsm.slot_moves import END, MAX_CHUNK_BYTES, MoveId, MoveRefused, encode_cursor
+from ..fsm.slot_moves import END, KEYS_DONE, MAX_CHUNK_BYTES, MoveId, MoveRefused, encode_cursor
 from .backend import BackendError, NotLeader
 
 log = logging.getLogger("xraft.slot_move")
@@ -128,14 +128,23 @@ class SlotMoveRpcs:
             def run(sm):
                 return export_chunk(sm, m, req.cursor, req.max_bytes or DEFAULT_CHUNK_BYTES, live=req.live,
                                     have=have) + (sm.last_now_ms,)
-            chunk, nxt, done, sessions, now = await b.read_state(run)
+            # The sealed copy's records (dumping a big stream: tens of ms) in the prepare thread,
+            # so the loop serves the other groups: sealed, those keys change under no apply. Not
+            # the pre-copy's (A serves them) nor the session table's (any write changes it).
+            off = not req.live and req.cursor not in (END, KEYS_DONE)
+            chunk, nxt, done, sessions, now = await b.read_state(run, off_loop=off)
             return pb.SlotMoveStepResponse(chunk=chunk, next_cursor=nxt, done=done, sessions=sessions,
                                            source_now_ms=now)
         if op in ("MANIFEST", "DIGEST"):
             fn = manifest if op == "MANIFEST" else live_digest
-            return pb.SlotMoveStepResponse(digest=await b.read_state(lambda sm: fn(sm, m)))
+            # MANIFEST dumps every sealed key (off the loop, as the sealed EXPORT); DIGEST the
+            # target's live keys, which its writes may change: on the loop.
+            return pb.SlotMoveStepResponse(digest=await b.read_state(lambda sm: fn(sm, m),
+                                                                     off_loop=op == "MANIFEST"))
         if op == "HAVE":
-            return pb.SlotMoveStepResponse(have=await b.read_state(lambda sm: staged_have(sm, m)))
+            # B's pre-copy base (parsing each stream record for its last node): no apply changes
+            # it once the pre-copy is over, and HAVE is asked after it.
+            return pb.SlotMoveStepResponse(have=await b.read_state(lambda sm: staged_have(sm, m), off_loop=True))
         phase, cursor, n, digest, pre_cursor, pre_count = await b.read_state(
             lambda sm: staging_status(sm, m) + precopy_status(sm, m))
         return pb.SlotMoveStepResponse(phase=phase.name if phase is not None else "", cursor=cursor, count=n,

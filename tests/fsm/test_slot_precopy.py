@@ -8,6 +8,9 @@ from xraft.node.engine.stream_delta import (DELTA_TAG, MIN_DELTA_RECORD_BYTES, D
                                            delta_record, last_node)
 from xraft.node.fsm.slot_export import (decode_have, export_chunk, manifest, precopy_status, staged_have,
                                         staging_status)
+from xraft.node.fsm import slot_move_apply
+from xraft.node.fsm.entry import Kind, Request, encode_record
+from xraft.node.fsm.slot_move_apply import move_argv
 from xraft.node.fsm.slot_moves import END, MoveRefused, SlotMoves, decode_cursor, encode_cursor
 from xraft.node.fsm.state_machine import StateMachine
 
@@ -147,3 +150,69 @@ def test_the_live_export_needs_the_slots_and_the_pre_copy_survives_a_snapshot():
     v2 = moves.encode()
     v1 = b"\x01" + v2[1:-12]
     assert SlotMoves.decode(v1, NOW).staging[M].records == moves.staging[M].records
+
+
+class _CountingLoads:
+    """slot_move_apply.load_records, counting the calls made during applies."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = slot_move_apply.load_records
+
+        def counted(buf):
+            self.calls += 1
+            return real(buf)
+        monkeypatch.setattr(slot_move_apply, "load_records", counted)
+
+
+def _step_both(plain, ahead, loads, op, *args, fresh=True, stale=False):
+    """Apply one SLOT_MOVE record to `plain` as is and to `ahead` after running its prepare()
+    (as the node's prepare thread would); how many decodes the apply at `ahead` made."""
+    data = encode_record(NOW, [Request(0, 0, Kind.SLOT_MOVE, (move_argv(op, M, *args),))])
+    r1 = plain.apply(plain.applied_index + 1, data)
+    index = ahead.applied_index + 1
+    fn = ahead.prepare(index, data)
+    assert (fn is not None) == fresh
+    if fn is not None:
+        fn()
+        if stale:   # as if the pre-copy had changed between the prepare and the apply
+            ahead.prepared[index] = [(b, v - 1, d, r) for b, v, d, r in ahead.prepared[index]]
+    before = loads.calls
+    r2 = ahead.apply(index, data)
+    assert r1 == r2 and not ahead.prepared
+    return loads.calls - before
+
+
+def test_chunks_decoded_ahead_of_their_apply_are_not_decoded_again_and_the_state_is_the_same(monkeypatch):
+    """StateMachine.prepare (the node runs it in a thread, runtime/apply_ahead.py): a big
+    PRESTAGE / STAGE chunk's decode made ahead is taken by the apply, which then decodes
+    nothing; a decode made from other inputs is not taken; either way the replicas' state is
+    byte for byte the same as a replica that never prepared."""
+    a, plain, ahead = group_a(), group_b(), group_b()
+    fill_big(a, n=6000)
+    loads = _CountingLoads(monkeypatch)
+    cursor, decodes = encode_cursor(M.first, 0), []
+    while cursor != END:
+        records, nxt, _, _ = export_chunk(a, M, cursor, 1 << 20, live=True)
+        big = len(records) >= slot_move_apply.PREPARE_MIN_BYTES
+        decodes.append(_step_both(plain, ahead, loads, "PRESTAGE", cursor, nxt, records, fresh=big))
+        cursor = nxt
+    assert decodes[0] == 0                       # the big stream's chunk: decoded ahead
+    for i in range(6001, 6101):
+        cmd(a, "XADD %s %d-1 field value-%06d" % (BIG, i, i))
+    at_a = views(a, NOW + 1000)
+    assert step(a, "SEAL") == OK
+    have = decode_have(staged_have(ahead, M))
+    cursor, stage_decodes = encode_cursor(M.first, 0), []
+    while cursor != END:
+        records, nxt, _, sessions = export_chunk(a, M, cursor, 1 << 20, have=have)
+        big = len(records) >= slot_move_apply.PREPARE_MIN_BYTES
+        stage_decodes.append(_step_both(plain, ahead, loads, "STAGE", cursor, nxt, b"%d" % a.last_now_ms,
+                                        records, sessions, fresh=big, stale=big))
+        cursor = nxt
+    assert stage_decodes[0] == 1                 # made against another base: decoded again
+    assert plain.snapshot() == ahead.snapshot()
+    digest = manifest(a, M)
+    assert staging_status(ahead, M)[3] == staging_status(plain, M)[3] == digest
+    assert step(plain, "ACTIVATE", digest) == OK and step(ahead, "ACTIVATE", digest) == OK
+    assert views(plain, NOW + 1000) == views(ahead, NOW + 1000) == at_a

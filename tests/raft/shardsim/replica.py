@@ -53,16 +53,26 @@ class MetaAdapter:
 
 
 class DataAdapter:
-    """A data group's StateMachine; one request per record, so one result per entry."""
+    """A data group's StateMachine; one request per record, so one result per entry.
+    prepare_ahead: run StateMachine.prepare's callable right before each apply, as a node's
+    prepare thread does (runtime/apply_ahead.py); replicas that do and replicas that do not
+    must still hold byte-identical states (the checker's "same state")."""
 
-    def __init__(self):
+    def __init__(self, prepare_ahead: bool = False):
         self.sm = StateMachine()
+        self.prepare_ahead = prepare_ahead
+        self.prepared = 0                    # applies whose prepare ran first
 
     @property
     def applied_index(self) -> int:
         return self.sm.applied_index
 
     def apply(self, index: int, data: bytes):
+        if self.prepare_ahead:
+            fn = self.sm.prepare(index, data)
+            if fn is not None:
+                fn()
+                self.prepared += 1
         results = self.sm.apply(index, data)
         return results[0] if results else None
 
@@ -75,8 +85,8 @@ class DataAdapter:
             raise AssertionError("harness: data snapshot index %d != metadata %d" % (self.sm.applied_index, index))
 
 
-def machine_for(gid: int, founding: SlotMap):
-    return MetaAdapter(founding) if gid == META else DataAdapter()
+def machine_for(gid: int, founding: SlotMap, prepare_ahead: bool = False):
+    return MetaAdapter(founding) if gid == META else DataAdapter(prepare_ahead)
 
 
 def bootstrap_snapshot(gid: int, founding: SlotMap, voters: tuple, setup_record: Optional[bytes]) -> Snapshot:
@@ -110,7 +120,7 @@ class Replica:
 
     def start(self) -> None:
         snap = self.storage.snapshot()
-        self.machine = machine_for(self.gid, self.sim.founding)
+        self.machine = machine_for(self.gid, self.sim.founding, prepare_ahead=self.node_id % 2 == 1)
         self.machine.restore(snap.data, snap.metadata.index)
         self.conf_state = snap.metadata.conf_state
         c = self.sim.cfg
@@ -152,7 +162,7 @@ class Replica:
             self.sim.send(self.gid, m)
         if rd.snapshot is not None:
             snap = rd.snapshot
-            self.machine = machine_for(self.gid, self.sim.founding)
+            self.machine = machine_for(self.gid, self.sim.founding, prepare_ahead=self.node_id % 2 == 1)
             self.machine.restore(snap.data, snap.metadata.index)
             self.conf_state = snap.metadata.conf_state
         for e in rd.committed_entries:

@@ -1,0 +1,38 @@
+"""XRAFT_STALL_TRACE (node/server/loop_stalls.py): a long synchronous step on the loop is
+reported with the stack that ran it; a loop that only awaits reports nothing."""
+import asyncio
+import time
+
+from xraft.node.server import loop_stalls
+
+
+def _a_long_synchronous_step():
+    time.sleep(0.2)          # stands for an apply that holds the loop
+
+
+def test_a_stall_is_reported_with_the_code_that_held_the_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv(loop_stalls.ENV, str(tmp_path))
+
+    async def main():
+        w = loop_stalls.start(asyncio.get_running_loop(), 7)
+        try:
+            await asyncio.sleep(0.05)
+            _a_long_synchronous_step()
+            for _ in range(100):                  # until the watchdog has written its report
+                await asyncio.sleep(0.02)
+                if w.stalls:
+                    break
+        finally:
+            w.stop()
+    asyncio.run(main())
+    report = (tmp_path / "stalls-7.txt").read_text()
+    assert report.startswith("stall ")
+    assert "_a_long_synchronous_step" in report
+
+
+def test_off_unless_the_variable_names_a_directory(monkeypatch):
+    monkeypatch.delenv(loop_stalls.ENV, raising=False)
+
+    async def main():
+        return loop_stalls.start(asyncio.get_running_loop(), 7)
+    assert asyncio.run(main()) is None
