@@ -85,17 +85,15 @@ from ..raft.codec import decode_conf_change_entry
 from ..raft.config import Config
 from ..raft.rawnode import RawNode, Status
 from ..raft.types import NONE, ConfChange, ConfChangeError, ConfChangeV2, ConfState, Entry, EntryType, \
-    HardState, Message, ProposalDropped as CoreProposalDropped, Ready, Snapshot, SnapshotOutOfDate, \
+    HardState, Message, ProposalDropped as CoreProposalDropped, Ready, Snapshot, \
     SnapshotMetadata, StateRole, StepError
-from . import apply_ahead, latency_trace
+from . import apply_ahead, driver_snapshots, latency_trace
 from .disk_storage import DiskStorage
 from . import snapshot_child
 from .proposal import PROPOSED, QUEUED, Callback, Proposal, monotonic_ms
 from .read_index import ReadIndexQueue, settle
 
 log = logging.getLogger("xraft.driver")
-
-MAX_CHILD_FAILURES = 3  # snapshot children failing in a row (a full disk, a crash) before images are made in process
 
 
 # The public surface (errors, protocols, options, status) lives in driver_api.py.
@@ -123,7 +121,7 @@ def _entries_bytes(entries: Sequence[Entry]) -> int:
     return n
 
 
-class GroupDriver(apply_ahead.ApplyAhead):
+class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
     """One group member. Build with GroupDriver.open(); MultiRaft.add_group() does."""
 
     def __init__(self, group_id: int, node_id: int, storage: DiskStorage, sm: StateMachine,
@@ -148,7 +146,7 @@ class GroupDriver(apply_ahead.ApplyAhead):
         self._child_images = options.snapshot_in_child and snapshot_child.available()
         self._image_task: Optional[asyncio.Task] = None  # a child is imaging (at most one)...
         self._image: Optional[snapshot_child.ChildImage] = None  # ...this one
-        self._child_failures_in_row = 0  # MAX_CHILD_FAILURES in a row: images in process from then on
+        self._child_failures_in_row = 0  # driver_snapshots.MAX_CHILD_FAILURES in a row: images in process from then on
         self._image_done: Optional[tuple] = None  # (plan, tmp, data length): adopt at the next pump
         self.conf_state = snap.metadata.conf_state  # configuration as of `applied`
         rng = random.Random(options.seed if options.seed is not None else int.from_bytes(os.urandom(8), "big"))
@@ -789,87 +787,6 @@ class GroupDriver(apply_ahead.ApplyAhead):
             err = ProposalDropped(self.group_id, "conf change refused by the leader (one is pending)")
         settle(p.fut, result, err)
 
-    # ------------------------------------------------ snapshots
-
-    def _snapshot_due(self) -> bool:
-        # The byte budget is at least the last image's size: however large the state grows,
-        # writing images costs about one byte per byte logged, and a restart reads at most
-        # about twice the state (image + log).
-        o = self.options
-        return (self.applied - self.snap_index >= o.snapshot_entries
-                or self._bytes_since_snap >= max(o.snapshot_bytes, self.stats.last_snapshot_bytes))
-
-    def _maybe_snapshot(self, job_ending: bool = False) -> bool:
-        """Start a snapshot if one is due (loop thread, the storage not in a job: none runs, or
-        `job_ending`: the one that ran has finished). True if a storage job started (busy).
-
-        In a forked child when possible: the image is made at `applied` as of now while the
-        group goes on, and only publishing the written file is a storage job (pump()).
-        Else in process: image, file and compaction as one storage job, the loop stopped
-        for the image (the fallback where fork is missing or a child failed)."""
-        if self._image_task is not None or self._image_done is not None or not self._snapshot_due():
-            return False
-        index, cs = self.applied, self.conf_state
-        if index <= self.snap_index:
-            return False  # a snapshot installed from the leader already covers it
-        self._bytes_since_snap = 0
-        if not self._child_images:
-            self._start(self._make_snapshot(index, cs, self.sm.snapshot()))
-            return True
-        plan = self.storage.plan_snapshot(index, cs)
-        self._image_task = self.host.loop.create_task(self._make_image(plan))
-        return False
-
-    async def _make_image(self, plan) -> None:
-        """The child images the state as of the fork and writes the plan's file; then the
-        next pump() adopts it (_adopt_image)."""
-        tmp = plan.files.tmp_path(plan.meta.index, plan.meta.term)
-        self._image = snapshot_child.ChildImage(self.sm.snapshot, plan.write, tmp)
-        try:
-            n = await self._image.run()
-        except snapshot_child.SnapshotChildError as exc:
-            self.stats.snapshot_child_failures += 1
-            self._child_failures_in_row += 1
-            if self._child_failures_in_row >= MAX_CHILD_FAILURES:
-                self._child_images = False
-            log.warning("group %d node %d: snapshot at %d not made (%s)%s", self.group_id, self.node_id,
-                        plan.meta.index, exc, "; making images in process from now on"
-                        if not self._child_images else "; trying again later")
-            self._bytes_since_snap = max(self._bytes_since_snap, self.options.snapshot_bytes)
-            return
-        finally:
-            self._image_task = self._image = None
-        if self.closed or self.failed is not None:
-            _unlink_quietly(tmp)
-            return
-        self.stats.snapshots_in_child += 1
-        self._child_failures_in_row = 0
-        self._image_done = (plan, tmp, n)
-        self.host.mark_dirty(self)
-        self._run_host()
-
-    async def _adopt_image(self, plan, tmp: str, n: int) -> None:
-        keep = self.options.snapshot_keep_entries
-        try:
-            await self.host.loop.run_in_executor(self.host.executor, self.storage.adopt_snapshot,
-                                                 plan, tmp, n, keep)
-        except SnapshotOutOfDate:
-            return  # a snapshot installed from the leader while the child worked is newer
-        self._snapshot_made(plan.meta.index, n)
-
-    async def _make_snapshot(self, index: int, cs, data: bytes) -> None:
-        """State machine image at `index` -> snapshot file -> compact the log (executor)."""
-        keep = self.options.snapshot_keep_entries
-        await self.host.loop.run_in_executor(self.host.executor, self.storage.create_snapshot,
-                                             index, cs, data, keep)
-        self._snapshot_made(index, len(data))
-
-    def _snapshot_made(self, index: int, n: int) -> None:
-        self.snap_index = max(self.snap_index, index)
-        self.stats.snapshots_created += 1
-        self.stats.snapshot_bytes_created += n
-        self.stats.last_snapshot_bytes = n
-
     # ------------------------------------------------ failure and shutdown
 
     def fail_stop(self, exc: BaseException) -> None:
@@ -911,9 +828,3 @@ class GroupDriver(apply_ahead.ApplyAhead):
             self.storage.sync()
         self.storage.close()
 
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

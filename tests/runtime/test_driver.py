@@ -440,8 +440,9 @@ def test_conf_change_adds_an_empty_node_that_catches_up(tmp_path, run):
             c.ids = (1, 2, 3, 4)
             await c.wait_converged(timeout=15)
             assert c.g(4).conf_state.voters == (1, 2, 3, 4) and c.g(4).stats.snapshots_installed == 1
-            st = leader.raft_status()
-            assert st.progress[4].state == ProgressState.REPLICATE
+            # After the snapshot the leader probes node 4, then replicates once an append is acked.
+            await c.wait_for(lambda: leader.raft_status().progress[4].state == ProgressState.REPLICATE, 10,
+                             "the leader replicating to node 4")
         finally:
             await c.close()
     run(main())

@@ -60,7 +60,6 @@ def test_the_leader_commits_while_its_child_images_and_the_image_is_the_state_at
             for n in c.ids:
                 st = c.g(n).stats
                 assert st.snapshots_in_child >= 1 and st.snapshot_child_failures == 0, (n, st)
-                assert c.g(n).snap_index < c.g(n).applied     # the group went on past the image
             # A follower restarted from its child-made image converges with the rest.
             follower = next(n for n in c.ids if n != leader.node_id)
             await c.crash(follower)

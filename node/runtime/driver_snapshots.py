@@ -1,0 +1,107 @@
+"""A group's snapshots (GroupDriver's part, docs/architecture.md "Snapshots"): when one is
+due, and how it is made — by a forked child (snapshot_child.py) while the group goes on, then
+published by a short storage job at the next pump; or in process, as one storage job.
+
+A mixin of GroupDriver (raft_driver.py): it uses the driver's options, stats, storage, state
+machine, host, applied index and snapshot index, and the fields it sets in __init__:
+_bytes_since_snap, _child_images, _child_failures_in_row, _image_task, _image, _image_done.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from ..raft.types import SnapshotOutOfDate
+from . import snapshot_child
+
+log = logging.getLogger("xraft.driver")
+
+MAX_CHILD_FAILURES = 3  # snapshot children failing in a row (a full disk, a crash) before images are made in process
+
+
+class Snapshots:
+    def _snapshot_due(self) -> bool:
+        # The byte budget is at least the last image's size: however large the state grows,
+        # writing images costs about one byte per byte logged, and a restart reads at most
+        # about twice the state (image + log).
+        o = self.options
+        return (self.applied - self.snap_index >= o.snapshot_entries
+                or self._bytes_since_snap >= max(o.snapshot_bytes, self.stats.last_snapshot_bytes))
+
+    def _maybe_snapshot(self, job_ending: bool = False) -> bool:
+        """Start a snapshot if one is due (loop thread, the storage not in a job: none runs, or
+        `job_ending`: the one that ran has finished). True if a storage job started (busy).
+
+        In a forked child when possible: the image is made at `applied` as of now while the
+        group goes on, and only publishing the written file is a storage job (pump()).
+        Else in process: image, file and compaction as one storage job, the loop stopped
+        for the image (the fallback where fork is missing or a child failed)."""
+        if self._image_task is not None or self._image_done is not None or not self._snapshot_due():
+            return False
+        index, cs = self.applied, self.conf_state
+        if index <= self.snap_index:
+            return False  # a snapshot installed from the leader already covers it
+        self._bytes_since_snap = 0
+        if not self._child_images:
+            self._start(self._make_snapshot(index, cs, self.sm.snapshot()))
+            return True
+        plan = self.storage.plan_snapshot(index, cs)
+        self._image_task = self.host.loop.create_task(self._make_image(plan))
+        return False
+
+    async def _make_image(self, plan) -> None:
+        """The child images the state as of the fork and writes the plan's file; then the
+        next pump() adopts it (_adopt_image)."""
+        tmp = plan.files.tmp_path(plan.meta.index, plan.meta.term)
+        self._image = snapshot_child.ChildImage(self.sm.snapshot, plan.write, tmp)
+        try:
+            n = await self._image.run()
+        except snapshot_child.SnapshotChildError as exc:
+            self.stats.snapshot_child_failures += 1
+            self._child_failures_in_row += 1
+            if self._child_failures_in_row >= MAX_CHILD_FAILURES:
+                self._child_images = False
+            log.warning("group %d node %d: snapshot at %d not made (%s)%s", self.group_id, self.node_id,
+                        plan.meta.index, exc, "; making images in process from now on"
+                        if not self._child_images else "; trying again later")
+            self._bytes_since_snap = max(self._bytes_since_snap, self.options.snapshot_bytes)
+            return
+        finally:
+            self._image_task = self._image = None
+        if self.closed or self.failed is not None:
+            _unlink_quietly(tmp)
+            return
+        self.stats.snapshots_in_child += 1
+        self._child_failures_in_row = 0
+        self._image_done = (plan, tmp, n)
+        self.host.mark_dirty(self)
+        self._run_host()
+
+    async def _adopt_image(self, plan, tmp: str, n: int) -> None:
+        keep = self.options.snapshot_keep_entries
+        try:
+            await self.host.loop.run_in_executor(self.host.executor, self.storage.adopt_snapshot,
+                                                 plan, tmp, n, keep)
+        except SnapshotOutOfDate:
+            return  # a snapshot installed from the leader while the child worked is newer
+        self._snapshot_made(plan.meta.index, n)
+
+    async def _make_snapshot(self, index: int, cs, data: bytes) -> None:
+        """State machine image at `index` -> snapshot file -> compact the log (executor)."""
+        keep = self.options.snapshot_keep_entries
+        await self.host.loop.run_in_executor(self.host.executor, self.storage.create_snapshot,
+                                             index, cs, data, keep)
+        self._snapshot_made(index, len(data))
+
+    def _snapshot_made(self, index: int, n: int) -> None:
+        self.snap_index = max(self.snap_index, index)
+        self.stats.snapshots_created += 1
+        self.stats.snapshot_bytes_created += n
+        self.stats.last_snapshot_bytes = n
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
