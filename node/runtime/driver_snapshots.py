@@ -46,25 +46,38 @@ class Snapshots:
             self._start(self._make_snapshot(index, cs, self.sm.snapshot()))
             return True
         plan = self.storage.plan_snapshot(index, cs)
-        self._image_task = self.host.loop.create_task(self._make_image(plan))
+        tmp = plan.files.tmp_path(plan.meta.index, plan.meta.term)
+        image = snapshot_child.ChildImage(self.sm.snapshot, plan.write, tmp)
+        try:
+            # Fork HERE, synchronously: the machine is at `index` now. (A fork in the task, one
+            # loop iteration later, imaged entries applied since under this index's name, and
+            # a restart from it applied them twice: the crash loop's invariant caught it.)
+            image.start()
+        except snapshot_child.SnapshotChildError as exc:
+            self._child_failed(plan, exc)
+            return False
+        self._image = image
+        self._image_task = self.host.loop.create_task(self._make_image(plan, image))
         return False
 
-    async def _make_image(self, plan) -> None:
-        """The child images the state as of the fork and writes the plan's file; then the
-        next pump() adopts it (_adopt_image)."""
-        tmp = plan.files.tmp_path(plan.meta.index, plan.meta.term)
-        self._image = snapshot_child.ChildImage(self.sm.snapshot, plan.write, tmp)
+    def _child_failed(self, plan, exc: BaseException) -> None:
+        self.stats.snapshot_child_failures += 1
+        self._child_failures_in_row += 1
+        if self._child_failures_in_row >= MAX_CHILD_FAILURES:
+            self._child_images = False
+        log.warning("group %d node %d: snapshot at %d not made (%s)%s", self.group_id, self.node_id,
+                    plan.meta.index, exc, "; making images in process from now on"
+                    if not self._child_images else "; trying again later")
+        self._bytes_since_snap = max(self._bytes_since_snap, self.options.snapshot_bytes)
+
+    async def _make_image(self, plan, image) -> None:
+        """The child (forked at plan.meta.index) images the state and writes the plan's file;
+        then the next pump() adopts it (_adopt_image)."""
+        tmp = image.tmp
         try:
-            n = await self._image.run()
+            n = await image.wait()
         except snapshot_child.SnapshotChildError as exc:
-            self.stats.snapshot_child_failures += 1
-            self._child_failures_in_row += 1
-            if self._child_failures_in_row >= MAX_CHILD_FAILURES:
-                self._child_images = False
-            log.warning("group %d node %d: snapshot at %d not made (%s)%s", self.group_id, self.node_id,
-                        plan.meta.index, exc, "; making images in process from now on"
-                        if not self._child_images else "; trying again later")
-            self._bytes_since_snap = max(self._bytes_since_snap, self.options.snapshot_bytes)
+            self._child_failed(plan, exc)
             return
         finally:
             self._image_task = self._image = None

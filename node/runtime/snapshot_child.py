@@ -37,6 +37,8 @@ import struct
 import sys
 from typing import Callable
 
+from ..invariant import invariant
+
 RESULT = struct.Struct(">8sQ")              # magic, data length
 RESULT_MAGIC = b"XRSNAPOK"
 TEST_ENV = "XRAFT_TEST_SNAPSHOT_CHILD"
@@ -54,18 +56,21 @@ def available() -> bool:
 
 
 class ChildImage:
-    """One snapshot child: run() forks it and returns the image's data length once it exited
-    cleanly (SnapshotChildError otherwise); kill() ends it at once (a closing group: its
-    directory may be reopened or deleted right after, so nothing of the child may linger)."""
+    """One snapshot child. start() forks it, synchronously: the image is the state at that
+    instant, so the caller forks right where it read the index the image is named by (a fork
+    one loop iteration later would image entries applied since). wait() returns the image's
+    data length once the child exited cleanly (SnapshotChildError otherwise); kill() ends it
+    at once (a closing group: its directory may be reopened or deleted right after, so
+    nothing of the child may linger)."""
 
     def __init__(self, make: Callable[[], bytes], write: Callable[[bytes], str], tmp: str):
         self._make = make
         self._write = write
         self.tmp = tmp            # the file write() makes (removed if the child fails or is killed)
         self.pid = 0
+        self._r = -1              # the pipe's read end, the parent's (wait() closes it)
 
-    async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+    def start(self) -> None:
         parent = os.getpid()
         r, w = os.pipe()
         try:
@@ -76,9 +81,13 @@ class ChildImage:
             raise SnapshotChildError(f"fork refused: {exc}") from exc
         if pid == 0:
             _child(parent, r, w, self._make, self._write)    # never returns
-        self.pid = pid
+        self.pid, self._r = pid, r
         os.close(w)
-        waiting = loop.run_in_executor(None, _wait_child, pid, r)
+
+    async def wait(self) -> int:
+        invariant(self.pid > 0 and self._r >= 0, "wait() on a started child, once")
+        r, self._r = self._r, -1
+        waiting = asyncio.get_running_loop().run_in_executor(None, _wait_child, self.pid, r)
         try:
             return await asyncio.shield(waiting)
         except asyncio.CancelledError:
@@ -90,6 +99,10 @@ class ChildImage:
         except BaseException:
             _remove(self.tmp)
             raise
+
+    async def run(self) -> int:
+        self.start()
+        return await self.wait()
 
     def kill(self) -> None:
         if self.pid:

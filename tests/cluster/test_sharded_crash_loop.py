@@ -18,6 +18,9 @@ XRAFT_SHARDED_CRASH_LOOP_S seconds (default 90), seed XRAFT_SHARDED_CRASH_LOOP_S
 import glob
 import os
 import random
+import time
+
+import redis
 
 import pytest
 
@@ -50,8 +53,7 @@ def sharded_crash_loop(cluster_factory, seconds: float, seed: int, fsync: str = 
                "victims": {i: victims.count(i) for i in sorted(cluster.nodes)}, "acked": 0, "unknown": 0,
                "unknown_applied": 0, "entries": 0, "rc_acked": rc_producer.count(), "rc_retried": rc_producer.retried, "applied": applied}
     for g, key in keys.items():
-        with h.rclient(cluster.nodes[leaders[g]], 10.0) as r:
-            entries = r.xrange(key)
+        entries = _read_at_leader(cluster, g, key, leaders[g])
         got = h.check_stream(entries, [rc_producer.view(key), sdk_producers[g]])
         assert got["acked"] > 0, (g, key, got)
         for f in ("acked", "unknown", "unknown_applied"):
@@ -65,6 +67,22 @@ def sharded_crash_loop(cluster_factory, seconds: float, seed: int, fsync: str = 
     assert kills > 0, figures
     print("\nsharded crash loop: %r" % figures)
     return figures
+
+
+def _read_at_leader(cluster, group: int, key: str, leader: int) -> list:
+    """XRANGE at the group's leader, again at the new one if leadership moved since (-MOVED:
+    the elections that follow the last kill can still be settling on a loaded machine)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with h.rclient(cluster.nodes[leader], 10.0) as r:
+                return r.xrange(key)
+        except redis.exceptions.MovedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+            leader = h.wait_for(lambda: every_group_led_among(cluster, list(cluster.nodes)), 60,
+                                "a leader for every group")[group]
 
 
 @pytest.mark.soak

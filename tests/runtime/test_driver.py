@@ -45,6 +45,8 @@ class KV:
 
     def restore(self, data: bytes, index: int) -> None:
         obj = json.loads(data)
+        # The image is the state at its index (0: the bootstrap image of an empty machine).
+        assert obj["i"] in (index, 0), f"snapshot data at {obj['i']} named index {index}"
         self.data, self.chain = obj["d"], obj["c"]
         self.applied_index = index
         self.restores += 1
