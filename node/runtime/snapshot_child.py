@@ -35,6 +35,7 @@ import os
 import signal
 import struct
 import sys
+import time
 from typing import Callable
 
 from ..invariant import invariant
@@ -42,6 +43,7 @@ from ..invariant import invariant
 RESULT = struct.Struct(">8sQ")              # magic, data length
 RESULT_MAGIC = b"XRSNAPOK"
 TEST_ENV = "XRAFT_TEST_SNAPSHOT_CHILD"
+KILL_WAIT_S = 2.0                           # kill() waits at most this long for the child to die
 _PR_SET_PDEATHSIG = 1
 _CHILD_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
 
@@ -105,11 +107,17 @@ class ChildImage:
         return await self.wait()
 
     def kill(self) -> None:
-        if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """SIGKILL, and return once the child is dead (a zombie holds no descriptor, no lock):
+        the caller may reopen the group's directory right after (bounded: KILL_WAIT_S)."""
+        if not self.pid:
+            return
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + KILL_WAIT_S
+        while _alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
 
 async def image_in_child(make: Callable[[], bytes], write: Callable[[bytes], str], tmp: str) -> int:
@@ -160,10 +168,8 @@ def _child(parent: int, r: int, w: int, make: Callable[[], bytes], write: Callab
         if test == "fail":
             os._exit(1)
         if test.startswith("sleep:"):
-            import time
             time.sleep(float(test[len("sleep:"):]))
         elif test.startswith("wait:"):              # until the test creates this file (60 s at most)
-            import time
             for _ in range(6000):
                 if os.path.exists(test[len("wait:"):]):
                     break
@@ -192,6 +198,15 @@ def _detach_signals() -> None:
             signal.signal(getattr(signal, name), signal.SIG_DFL)
     except ValueError:                               # not the main thread: no Python handlers here
         pass
+
+
+def _alive(pid: int) -> bool:
+    """Running (not yet a zombie, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def _max_fd() -> int:
