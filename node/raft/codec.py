@@ -365,6 +365,8 @@ def _r_message(r: _Reader) -> Message:
         raise r.fail(f"chunk_total {c_total} over limit")
     if snap is not None and c_off + len(snap.data) > c_total:
         raise r.fail("snapshot chunk extends past chunk_total")
+    if c_off > c_total:
+        raise r.fail("chunk_offset past chunk_total")
     return Message(type=mt, to=to, frm=frm, term=term, log_term=log_term, index=index,
                    entries=entries, commit=commit, snapshot=snap, reject=bool(flags & 1),
                    reject_hint=hint, context=ctx, chunk_offset=c_off, chunk_total=c_total)

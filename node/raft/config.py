@@ -27,6 +27,9 @@ class Config:
     read_only_option: ReadOnlyOption = ReadOnlyOption.SAFE
     disable_proposal_forwarding: bool = False  # followers drop proposals instead of forwarding
     max_snapshot_chunk_bytes: int = 1 << 20  # bytes of snapshot data per MsgSnap
+    # Snapshot bytes sent to one follower and not yet acknowledged (its chunk acks): the
+    # window that keeps a large image from flooding the transport's queue. >= one chunk.
+    max_snapshot_inflight_bytes: int = 8 << 20
     # An idle group stops ticking and heartbeating until a message wakes it (quiesce.py);
     # the application must then watch the leaders' nodes and call RawNode.wake().
     quiesce: bool = False
@@ -42,11 +45,13 @@ class Config:
         if self.applied < 0:
             raise ConfigError("applied", "must be >= 0")
         for name in ("max_size_per_msg", "max_committed_size_per_ready", "max_inflight_msgs",
-                     "max_snapshot_chunk_bytes"):
+                     "max_snapshot_chunk_bytes", "max_snapshot_inflight_bytes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, "must be > 0")
         if self.max_snapshot_chunk_bytes > MAX_SNAPSHOT_DATA_BYTES:
             raise ConfigError("max_snapshot_chunk_bytes", "over the codec's snapshot limit")
+        if self.max_snapshot_inflight_bytes < self.max_snapshot_chunk_bytes:
+            raise ConfigError("max_snapshot_inflight_bytes", "must be >= max_snapshot_chunk_bytes")
         for name in ("max_uncommitted_entries_size", "max_inflight_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, "must be >= 0 (0 = no limit)")

@@ -61,15 +61,17 @@ class CampaignType(enum.Enum):
 class SnapshotReceiver:
     """Follower side of a chunked snapshot: chunks may arrive in any order, or twice.
 
-    The network reorders messages, and the leader sends all chunks of a snapshot at
-    once, so requiring in-order arrival livelocked catch-up (found by the simulator:
-    every resend was reordered again). Chunks are kept by offset until they cover
-    [0, total) contiguously. A chunk of another snapshot starts over. When the last
-    chunk arrives with a gap before it, the follower asks for a resend (SNAP_STATUS
-    reject) but keeps what it has.
+    The network reorders messages, and the leader sends a window of chunks at once,
+    so requiring in-order arrival livelocked catch-up (found by the simulator: every
+    resend was reordered again). Chunks are kept by offset until they cover [0, total)
+    contiguously; `prefix` is how far they do, which the follower acknowledges after
+    each chunk (SNAP_STATUS, not reject, chunk_offset = prefix) so the leader can send
+    the next ones (raft_leader.SnapshotSend). A chunk of another snapshot starts over.
+    When the last chunk arrives with a gap before it, the follower asks for a resend
+    (SNAP_STATUS reject) but keeps what it has.
     """
 
-    __slots__ = ("meta", "total", "chunks", "held", "done")
+    __slots__ = ("meta", "total", "chunks", "held", "done", "prefix")
 
     def __init__(self) -> None:
         self.meta = None  # metadata of the snapshot being assembled; None if idle
@@ -77,9 +79,10 @@ class SnapshotReceiver:
         self.chunks: dict[int, bytes] = {}  # offset -> chunk data
         self.held = 0  # bytes in `chunks`. Invariant: <= 2 * total (reset beyond)
         self.done = None  # metadata of the last snapshot assembled: its late chunks are ignored
+        self.prefix = 0  # chunks cover [0, prefix) contiguously. Invariant: <= total
 
     def reset(self) -> None:
-        self.meta, self.total, self.chunks, self.held = None, 0, {}, 0
+        self.meta, self.total, self.chunks, self.held, self.prefix = None, 0, {}, 0, 0
 
     def add(self, meta, total: int, offset: int, data: bytes) -> Optional[bytes]:
         """Store one chunk; the whole snapshot data once every byte has arrived, else None."""
@@ -92,11 +95,14 @@ class SnapshotReceiver:
                 self.meta, self.total = meta, total
             self.chunks[offset] = data
             self.held += len(data)
-        pos, parts = 0, []
-        while pos < total:
-            part = self.chunks.get(pos)
+        while self.prefix < total:
+            part = self.chunks.get(self.prefix)
             if not part:
                 return None
+            self.prefix += len(part)
+        pos, parts = 0, []
+        while pos < total:
+            part = self.chunks[pos]
             parts.append(part)
             pos += len(part)
         self.reset()
@@ -134,6 +140,7 @@ class Raft:
         self.check_quorum = cfg.check_quorum
         self.pre_vote = cfg.pre_vote
         self.snap_rx = SnapshotReceiver()
+        self.snap_sends: dict = {}  # leader: follower id -> snapshot_send.SnapshotSend in progress
         self.quiesced = False  # no ticks, no heartbeats until a message wakes us (quiesce.py)
 
         hs, cs = storage.initial_state()
@@ -230,6 +237,7 @@ class Raft:
         self.pending_bcast = False
         self.read_only = ReadOnly(self.cfg.read_only_option)
         self.pending_read_index_messages = []
+        self.snap_sends = {}
 
     def become_follower(self, term: int, lead: int) -> None:
         self.reset(term)
@@ -474,6 +482,12 @@ class Raft:
     def handle_snapshot(self, m: Message) -> None:
         if m.snapshot is None:
             raise StepError("MsgSnap without a snapshot", m.type, m.frm)
+        if m.snapshot.metadata.index <= self.raft_log.committed:
+            # It adds nothing (restore() would refuse it): say so at the first chunk. Silence
+            # stranded the leader, whose window waits for acks (the simulator's seed 9651458: a
+            # new leader re-sent the snapshot this follower had installed long before).
+            self.send(Message(MT.APP_RESP, to=m.frm, index=self.raft_log.committed))
+            return
         snap = self._assemble_snapshot(m)
         if snap is None:
             return
@@ -500,7 +514,12 @@ class Raft:
         if m.chunk_offset + len(chunk.data) == m.chunk_total:
             # The last chunk came and a piece is still missing: probably lost. Ask the leader to
             # send the snapshot again; what we hold is kept, so the resend only has to fill gaps.
-            self.send(Message(MT.SNAP_STATUS, to=m.frm, index=meta.index, reject=True))
+            self.send(Message(MT.SNAP_STATUS, to=m.frm, index=meta.index, reject=True,
+                              chunk_offset=rx.prefix, chunk_total=m.chunk_total))
+        else:
+            # Acknowledge how far the chunks reach, so the leader sends the next window.
+            self.send(Message(MT.SNAP_STATUS, to=m.frm, index=meta.index,
+                              chunk_offset=rx.prefix, chunk_total=m.chunk_total))
         return None
 
     def restore(self, s: Snapshot) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from ..invariant import invariant
-from . import quiesce
+from . import quiesce, snapshot_send
 from .progress import ProgressState
 from .quorum import VoteResult
 from .read_only import ReadOnlyOption
@@ -21,7 +21,6 @@ from .types import (
     MessageType as MT,
     ProposalDropped,
     ReadState,
-    Snapshot,
     SnapshotTemporarilyUnavailable,
     StateRole,
     StepError,
@@ -140,23 +139,8 @@ def maybe_send_snapshot(r: "Raft", to: int) -> bool:
         return False
     invariant(not snap.is_empty(), "need a non-empty snapshot to catch up a follower")
     pr.become_snapshot(snap.metadata.index)
-    send_snapshot_chunks(r, to, snap)
+    snapshot_send.start(r, to, snap)  # a window of chunks; the rest as the follower acks
     return True
-
-
-def send_snapshot_chunks(r: "Raft", to: int, snap: Snapshot) -> None:
-    """Send `snap` as ceil(len/max_chunk) MsgSnap, in order, each carrying the metadata."""
-    data = snap.data
-    total = len(data)
-    step = r.cfg.max_snapshot_chunk_bytes
-    off = 0
-    while True:
-        chunk = data[off:off + step]
-        r.send(Message(MT.SNAP, to=to, snapshot=Snapshot(snap.metadata, chunk),
-                       chunk_offset=off, chunk_total=total))
-        off += len(chunk)
-        if off >= total:
-            return
 
 
 def send_heartbeat(r: "Raft", to: int, ctx: bytes) -> None:
@@ -260,6 +244,8 @@ def step_leader(r: "Raft", m: Message) -> None:
     elif t == MT.HEARTBEAT_RESP:
         pr.recent_active = True
         pr.msg_app_flow_paused = False
+        if pr.state == ProgressState.SNAPSHOT:
+            snapshot_send.on_heartbeat_response(r, m.frm, pr)
         if pr.match < r.raft_log.last_index() or pr.state == ProgressState.PROBE:
             send_append(r, m.frm)
         if r.read_only.option != ReadOnlyOption.SAFE or not m.context:
@@ -272,6 +258,11 @@ def step_leader(r: "Raft", m: Message) -> None:
             if resp is not None:
                 r.send(resp)
     elif t == MT.SNAP_STATUS:
+        if m.chunk_total > 0:  # from the follower (a local report has no range)
+            if not m.reject:
+                snapshot_send.on_ack(r, m, pr)
+                return
+            snapshot_send.note_holds(r, m)  # a broken transfer: the next attempt resumes there
         if pr.state != ProgressState.SNAPSHOT:
             return
         if m.reject:
@@ -343,6 +334,8 @@ def _handle_append_response(r: "Raft", m: Message, pr) -> None:
         pr.become_probe()
     elif pr.state == ProgressState.REPLICATE:
         pr.inflights.free_le(m.index)
+    if r.snap_sends and pr.state != ProgressState.SNAPSHOT:
+        snapshot_send.forget(r, m.frm)  # installed: what was kept for the send goes
     if maybe_commit(r):
         release_pending_read_index_messages(r)
         bcast_append(r)

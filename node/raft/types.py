@@ -108,7 +108,7 @@ class MessageType(enum.IntEnum):
     HEARTBEAT = 10
     HEARTBEAT_RESP = 11
     UNREACHABLE = 12  # local: the transport could not reach `frm`
-    SNAP_STATUS = 13  # local report, or a follower's rejection of a broken chunked transfer
+    SNAP_STATUS = 13  # local report; a follower's chunk ack (chunk_total > 0) or rejection of a broken transfer
     CHECK_QUORUM = 14  # local: leader checks it heard from a quorum
     TRANSFER_LEADER = 15
     TIMEOUT_NOW = 16  # leader tells the transfer target to campaign now

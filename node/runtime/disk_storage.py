@@ -52,7 +52,7 @@ from ..raft.codec import CodecError, decode_entry, decode_hard_state, encode_ent
 from ..raft.storage import NO_LIMIT
 from ..raft.types import Compacted, ConfState, Entry, HardState, Snapshot, SnapshotMetadata, \
     SnapshotOutOfDate, StorageStateError, Unavailable
-from .snapfile import DEFAULT_KEEP, SnapshotFiles, read_snapshot_file, snapshot_name
+from .snapfile import DEFAULT_KEEP, SnapshotFiles, open_snapshot_file, read_snapshot_file, snapshot_name
 from .wal import MAX_RECORD_PAYLOAD_BYTES, FsyncPolicy, RecordPos, RecordType, Wal, \
     WalCorruption, WalOptions, WalRecord, make_dir_durable
 
@@ -439,7 +439,12 @@ class DiskStorage:
         if self._snap_data is not None:
             return Snapshot(self._snap_meta, self._snap_data)
         path = os.path.join(self._snapfiles.dir, snapshot_name(self._snap_meta.index, self._snap_meta.term))
-        return read_snapshot_file(path)
+        # Read when sliced (snapfile.FileSnapshotData): a leader sends an image a chunk at a
+        # time, and a whole read of up to 1 GiB would stop the loop. snapfile.snapshot_bytes()
+        # reads it all.
+        snap = open_snapshot_file(path)
+        invariant(snap.metadata == self._snap_meta, "the snapshot file is the storage's snapshot")
+        return snap
 
     # ------------------------------------------------ write side
 

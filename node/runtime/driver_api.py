@@ -131,6 +131,10 @@ class GroupOptions:
     max_size_per_msg: int = 1 << 20
     max_inflight_msgs: int = 256
     max_uncommitted_entries_size: int = 64 << 20
+    # A snapshot travels in chunks, this many bytes unacknowledged per follower at most: well
+    # under the transport's per-link queue (TransportLimits.max_queued_bytes, 64 MiB).
+    max_snapshot_chunk_bytes: int = 1 << 20
+    max_snapshot_inflight_bytes: int = 8 << 20
     max_inflight_proposals: int = 20_000  # queued + awaiting apply; beyond: ProposalDropped
     max_proposal_bytes: int = 8 << 20
     max_proposals_per_ready: int = 4096  # bounds one Ready (and one WAL write)

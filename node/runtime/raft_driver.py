@@ -92,6 +92,7 @@ from .disk_storage import DiskStorage
 from . import snapshot_child
 from .proposal import PROPOSED, QUEUED, Callback, Proposal, monotonic_ms
 from .read_index import ReadIndexQueue, settle
+from .snapfile import snapshot_bytes
 
 log = logging.getLogger("xraft.driver")
 
@@ -136,7 +137,7 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
         self.stats = GroupStats()
         snap = storage.snapshot()
         if not snap.is_empty():
-            sm.restore(snap.data, snap.metadata.index)
+            sm.restore(snapshot_bytes(snap), snap.metadata.index)
             invariant(sm.applied_index == snap.metadata.index, "state machine restored to the snapshot index")
         self.applied = snap.metadata.index  # Invariant: everything <= applied is in the state machine
         self.snap_index = snap.metadata.index  # newest snapshot in storage
@@ -157,6 +158,8 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
             read_only_option=options.read_only_option, max_size_per_msg=options.max_size_per_msg,
             max_inflight_msgs=options.max_inflight_msgs,
             max_uncommitted_entries_size=options.max_uncommitted_entries_size,
+            max_snapshot_chunk_bytes=options.max_snapshot_chunk_bytes,
+            max_snapshot_inflight_bytes=options.max_snapshot_inflight_bytes,
             quiesce=options.quiesce), storage)
         self.busy = False  # storage is in the executor: nothing may touch rn or storage
         self.failed: Optional[BaseException] = None

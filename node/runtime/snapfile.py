@@ -88,17 +88,83 @@ def encode_snapshot_file(snap: Snapshot) -> bytes:
 
 def read_snapshot_file(path: str) -> Snapshot:
     """Load and fully verify one snapshot file (SnapshotFileError if anything is off)."""
+    snap = open_snapshot_file(path)
+    return Snapshot(snap.metadata, snap.data.read_all())
+
+
+class FileSnapshotData:
+    """A snapshot file's data, read when sliced: what a leader sends a follower a chunk at a
+    time (raft/snapshot_send.py) without reading a whole image (up to 1 GiB) on the loop.
+
+    The frame (magic, version, metadata, length) is checked when opened; the CRC as the data
+    is read: in order, the slices extend a running CRC, and the slice that reaches the end is
+    returned only if the whole file's CRC matches (else SnapshotFileError: a damaged file is
+    never sent whole). The file stays open, so a snapshot pruned meanwhile still reads.
+    `read_all()` reads and verifies everything (a restore)."""
+
+    __slots__ = ("path", "_fd", "_off", "_len", "_crc", "_crc_pos", "_want_crc")
+
+    def __init__(self, path: str, fd: int, data_off: int, data_len: int, prefix_crc: int, want_crc: int):
+        self.path = path
+        self._fd = fd  # owned: closed with this object
+        self._off = data_off  # file offset of the data's first byte
+        self._len = data_len  # Invariant: <= MAX_SNAPSHOT_DATA_BYTES
+        self._crc = prefix_crc  # crc32c of the file up to data byte _crc_pos
+        self._crc_pos = 0  # Invariant: 0 <= _crc_pos <= _len
+        self._want_crc = want_crc  # the file's stored CRC
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __del__(self) -> None:
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+    def _pread(self, start: int, stop: int) -> bytes:
+        out = os.pread(self._fd, stop - start, self._off + start)
+        if len(out) != stop - start:
+            raise SnapshotFileError("file shrank while read", self.path, self._off + start + len(out))
+        return out
+
+    def __getitem__(self, key) -> bytes:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("FileSnapshotData takes contiguous slices only")
+        start, stop, _ = key.indices(self._len)
+        if stop <= start:
+            return b""
+        while self._crc_pos < start:  # a slice past the checked prefix: check the gap first
+            end = min(start, self._crc_pos + _READ_CHUNK)
+            self._crc = crc32c.crc32c(self._pread(self._crc_pos, end), value=self._crc)
+            self._crc_pos = end
+        data = self._pread(start, stop)
+        if stop > self._crc_pos:
+            self._crc = crc32c.crc32c(memoryview(data)[self._crc_pos - start:], value=self._crc)
+            self._crc_pos = stop
+            if stop == self._len and self._crc != self._want_crc:
+                raise SnapshotFileError("CRC mismatch", self.path, self._off + self._len)
+        return data
+
+    def read_all(self) -> bytes:
+        parts = [self[i:i + _READ_CHUNK] for i in range(0, self._len, _READ_CHUNK)]
+        if self._len == 0 and self._crc != self._want_crc:
+            raise SnapshotFileError("CRC mismatch", self.path, self._off)
+        return b"".join(parts)
+
+
+def open_snapshot_file(path: str) -> Snapshot:
+    """A snapshot file with its data as a FileSnapshotData (read and CRC-checked when sliced);
+    the frame and metadata are verified now (SnapshotFileError)."""
     m = _SNAP_NAME.match(os.path.basename(path))
     if not m:
         raise SnapshotFileError("not a snapshot file name", path, 0)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > MAX_SNAPSHOT_FILE_BYTES:
-            raise SnapshotFileError(f"{size} bytes over the limit {MAX_SNAPSHOT_FILE_BYTES}", path, 0)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
         fixed = SNAP_HEADER_BYTES + DATA_LEN.size + CRC.size
-        if size < fixed:
-            raise SnapshotFileError(f"{size} bytes is shorter than the {fixed}-byte frame", path, 0)
-        head = f.read(SNAP_HEADER_BYTES)
+        if not fixed <= size <= MAX_SNAPSHOT_FILE_BYTES:
+            raise SnapshotFileError(f"{size} bytes is outside the frame's limits", path, 0)
+        head = os.pread(fd, SNAP_HEADER_BYTES, 0)
         magic, version, flags, meta_len = SNAP_HEADER.unpack(head)
         if magic != SNAP_MAGIC:
             raise SnapshotFileError(f"bad magic {magic!r}", path, 0)
@@ -106,35 +172,32 @@ def read_snapshot_file(path: str) -> Snapshot:
             raise SnapshotFileError(f"unsupported version {version} / flags {flags:#x}", path, 8)
         if meta_len > MAX_META_BYTES or meta_len > size - fixed:
             raise SnapshotFileError(f"metadata length {meta_len} invalid", path, 12)
-        meta = f.read(meta_len)
-        data_len_bytes = f.read(DATA_LEN.size)
+        meta = os.pread(fd, meta_len, SNAP_HEADER_BYTES)
+        data_len_bytes = os.pread(fd, DATA_LEN.size, SNAP_HEADER_BYTES + meta_len)
         (data_len,) = DATA_LEN.unpack(data_len_bytes)
         if data_len > MAX_SNAPSHOT_DATA_BYTES or size != fixed + meta_len + data_len:
             raise SnapshotFileError(f"data length {data_len} does not match file size {size}",
                                     path, SNAP_HEADER_BYTES + meta_len)
-        crc = crc32c.crc32c(data_len_bytes, value=crc32c.crc32c(meta, value=crc32c.crc32c(head)))
-        chunks = []
-        left = data_len
-        while left:
-            chunk = f.read(min(left, _READ_CHUNK))
-            if not chunk:
-                raise SnapshotFileError("file shrank while read", path, size - left)
-            crc = crc32c.crc32c(chunk, value=crc)
-            chunks.append(chunk)
-            left -= len(chunk)
-        tail = f.read(CRC.size + 1)
-    if len(tail) != CRC.size or CRC.unpack(tail)[0] != crc:
-        raise SnapshotFileError("CRC mismatch", path, size - CRC.size)
-    try:
-        meta_value = decode_snapshot_metadata(meta)
-    except CodecError as exc:
-        raise SnapshotFileError(f"metadata: {exc}", path, SNAP_HEADER_BYTES) from None
-    if (meta_value.index, meta_value.term) != (int(m.group(1), 16), int(m.group(2), 16)):
-        raise SnapshotFileError(f"metadata ({meta_value.index}, {meta_value.term}) does not match "
-                                "the file name", path, SNAP_HEADER_BYTES)
-    if meta_value.index == 0:
-        raise SnapshotFileError("snapshot at index 0", path, SNAP_HEADER_BYTES)
-    return Snapshot(meta_value, b"".join(chunks))
+        (want,) = CRC.unpack(os.pread(fd, CRC.size, size - CRC.size))
+        try:
+            meta_value = decode_snapshot_metadata(meta)
+        except CodecError as exc:
+            raise SnapshotFileError(f"metadata: {exc}", path, SNAP_HEADER_BYTES) from None
+        if (meta_value.index, meta_value.term) != (int(m.group(1), 16), int(m.group(2), 16)):
+            raise SnapshotFileError(f"metadata ({meta_value.index}, {meta_value.term}) does not match "
+                                    "the file name", path, SNAP_HEADER_BYTES)
+        prefix = crc32c.crc32c(data_len_bytes, value=crc32c.crc32c(meta, value=crc32c.crc32c(head)))
+        data = FileSnapshotData(path, fd, SNAP_HEADER_BYTES + meta_len + DATA_LEN.size, data_len, prefix, want)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Snapshot(meta_value, data)
+
+
+def snapshot_bytes(snap: Snapshot) -> bytes:
+    """`snap`'s data as bytes: read (and verified) when it is a FileSnapshotData."""
+    data = snap.data
+    return data.read_all() if isinstance(data, FileSnapshotData) else data
 
 
 class SnapshotFiles:

@@ -18,7 +18,7 @@ in the partition) and reconnects everyone.
 
 Commands (arguments in parentheses are optional):
   add-nodes N (voters=(..) learners=(..) index=I content=S prevote=B checkquorum=B
-               read-only=safe|lease max-inflight=N snap-chunk=N max-size-per-msg=N seed=N)
+               read-only=safe|lease max-inflight=N snap-chunk=N max-size-per-msg=N snap-window=N seed=N)
   campaign ID | propose ID DATA | read-index ID CTX | transfer-leadership from=ID to=ID
   propose-conf-change ID (v1=true) (transition=auto|implicit|explicit), then a line
       of changes: vN add voter, lN add learner, rN remove, uN update; empty = leave joint
@@ -133,6 +133,8 @@ def describe_message(m: Message) -> str:
         s += " REJECT"
     if m.context:
         s += f" ctx={quote(m.context)}"
+    if t == MT.SNAP_STATUS and m.chunk_total:
+        s += f" holds=[0,{m.chunk_offset})/{m.chunk_total}"   # a follower's ack or rejection
     if m.snapshot is not None:
         s += (f" snap={describe_snapshot(m.snapshot)}"
               f" chunk=[{m.chunk_offset},{m.chunk_offset + len(m.snapshot.data)})/{m.chunk_total}")
@@ -294,6 +296,7 @@ class InteractionEnv:
                          max_inflight_msgs=case.get_int("max-inflight", 256),
                          max_size_per_msg=case.get_int("max-size-per-msg", 1 << 20),
                          max_snapshot_chunk_bytes=case.get_int("snap-chunk", 1 << 20),
+                         max_snapshot_inflight_bytes=case.get_int("snap-window", 8 << 20),
                          quiesce=case.get_bool("quiesce", False))
             raw = RawNode(cfg, storage)
             self.nodes[nid] = Node(raw, storage, cfg, boot)

@@ -43,6 +43,7 @@ def test_the_seed_mix_covers_every_fault_and_both_sizes():
     assert sum(c.net.drop_rate > 0 for c in cfgs) > CI_SEEDS // 5
     assert sum(c.net.dup_rate > 0 for c in cfgs) > CI_SEEDS // 5
     assert sum(c.snapshot_chunk_bytes < 1024 for c in cfgs) > CI_SEEDS // 5
+    assert sum(c.snapshot_window_chunks > 0 and c.snapshot_chunk_bytes < 1024 for c in cfgs) > CI_SEEDS // 10
 
 
 @pytest.mark.soak

@@ -8,7 +8,9 @@ from xraft.node.runtime.snapfile import (
     SnapshotFileError,
     SnapshotFiles,
     encode_snapshot_file,
+    open_snapshot_file,
     read_snapshot_file,
+    snapshot_bytes,
     snapshot_name,
 )
 
@@ -94,3 +96,38 @@ def test_interrupted_write_leftover_is_removed(tmp_path):
     files = SnapshotFiles(str(tmp_path))
     assert os.listdir(tmp_path) == []
     assert files.load_newest() == EMPTY_SNAPSHOT
+
+
+def test_a_file_view_reads_slices_and_checks_the_crc_at_the_end(tmp_path):
+    """What a leader sends from (open_snapshot_file): chunks read when sliced, in any order
+    and again after a rewind, equal to the bytes; the whole file's CRC decides the last one."""
+    data = os.urandom((3 << 20) + 12345)
+    path = SnapshotFiles(str(tmp_path)).save(snap(40, data=data))
+    view = open_snapshot_file(path)
+    assert view.metadata == snap(40).metadata and len(view.data) == len(data)
+    step = 1 << 20
+    assert view.data[2 * step:3 * step] == data[2 * step:3 * step]   # past the checked prefix
+    assert view.data[0:step] == data[0:step]                           # a rewind
+    assert view.data[3 * step:len(data) + 99] == data[3 * step:]        # the end: CRC checked
+    assert snapshot_bytes(view) == data == snapshot_bytes(snap(40, data=data))
+    os.unlink(path)                                                    # pruned meanwhile: still reads
+    assert view.data[5:10] == data[5:10]
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_file_view_refuses_the_last_chunk_of_a_damaged_file(tmp_path, where):
+    data = os.urandom(1 << 20)
+    path = SnapshotFiles(str(tmp_path)).save(snap(41, data=data))
+    view = open_snapshot_file(path)
+    data_off = os.path.getsize(path) - 4 - len(data)
+    pos = {"first": 0, "middle": len(data) // 2, "last": len(data) - 1}[where]
+    with open(path, "r+b") as f:
+        f.seek(data_off + pos)
+        f.write(bytes([data[pos] ^ 0x40]))
+    step = 64 << 10
+    chunks = [view.data[i:i + step] for i in range(0, len(data) - step, step)]  # all but the last
+    assert len(chunks) == len(data) // step - 1
+    with pytest.raises(SnapshotFileError, match="CRC"):
+        view.data[len(data) - step:len(data)]
+    with pytest.raises(SnapshotFileError, match="CRC"):
+        snapshot_bytes(open_snapshot_file(path))

@@ -76,7 +76,10 @@ class SimNode:
         return Config(id=self.id, election_tick=c.election_tick, heartbeat_tick=c.heartbeat_tick,
                       applied=applied, rng=self.sim.rng, check_quorum=True, pre_vote=True,
                       max_size_per_msg=c.max_size_per_msg, max_inflight_msgs=c.max_inflight_msgs,
-                      max_snapshot_chunk_bytes=c.snapshot_chunk_bytes, quiesce=c.quiesce)
+                      max_snapshot_chunk_bytes=c.snapshot_chunk_bytes,
+                      max_snapshot_inflight_bytes=(c.snapshot_chunk_bytes * c.snapshot_window_chunks
+                                                   or max(8 << 20, c.snapshot_chunk_bytes)),
+                      quiesce=c.quiesce)
 
     def start(self) -> None:
         snap = self.storage.snapshot()
