@@ -34,6 +34,8 @@ FOUND_BUGS = [
 ]
 FOUND_BUGS_CLIENT_HEAVY = [
     (9702413, 2000, "bug 10: a learner that took one snapshot older than its add refused a second one"),
+    (9651458, 2000, "bug 11: a follower past a re-sent snapshot kept silent; the chunk window waited forever"),
+    (9652151, 2000, "bug 11: a restarted follower's rejection lacked its prefix; every resend began past it"),
 ]
 
 
