@@ -378,11 +378,23 @@ class StateMachine:
         parts.append(_U32.pack(crc))
         return b"".join(parts)
 
-    def restore(self, buf) -> None:
-        """Replace the whole state with a snapshot's; CorruptSnapshot (and no
-        change at all) if the bytes are not one."""
+    @staticmethod
+    def parse_snapshot(buf) -> tuple:
+        """The pure, costly part of restore(buf): the image decoded and checked into new
+        objects (nothing of this machine is touched), for a caller to run in another thread
+        and hand to restore(buf, parsed). CorruptSnapshot if the bytes are not one."""
         with gc_paused():
-            applied, now_ms, sessions, versions, owned, moves, keyspace = _parse_snapshot(buf)
+            return (buf, _parse_snapshot(buf))
+
+    def restore(self, buf, parsed: Optional[tuple] = None) -> None:
+        """Replace the whole state with a snapshot's; CorruptSnapshot (and no
+        change at all) if the bytes are not one. `parsed`: parse_snapshot(buf) of these
+        very bytes (taken only if it is: the state never depends on whether it ran)."""
+        if parsed is not None and parsed[0] is buf:
+            applied, now_ms, sessions, versions, owned, moves, keyspace = parsed[1]
+        else:
+            with gc_paused():
+                applied, now_ms, sessions, versions, owned, moves, keyspace = _parse_snapshot(buf)
         self.keyspace = keyspace
         self.sessions = sessions
         self.versions = versions

@@ -89,6 +89,11 @@ class StateMachine(Protocol):
     # driver to run in the host's prepare_executor right before apply(index, ...)
     # (apply_ahead.py). The results and the state must not depend on whether it ran.
 
+    # Optional: `prepare_restore(data) -> callable` and `restore(data, index, prepared)`: a
+    # snapshot installed from the leader is decoded by that callable off the loop (in the
+    # storage job that persists it) and its result handed to restore(); a machine without
+    # them decodes in restore(), on the loop.
+
     def snapshot(self) -> bytes:
         """The machine's whole state as of its last applied entry."""
         ...
@@ -178,6 +183,7 @@ class GroupStats:
     applied_entries: int = 0
     snapshots_created: int = 0
     snapshots_installed: int = 0
+    snapshot_restores_prepared: int = 0  # installs whose decode ran off the loop (prepare_restore)
     snapshot_bytes_created: int = 0  # state machine image bytes of every snapshot created here
     last_snapshot_bytes: int = 0  # the newest snapshot's image (created or installed), bytes
     snapshots_in_child: int = 0  # images a forked child made (of snapshots_created, or discarded)

@@ -202,6 +202,9 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
         self._prepare = getattr(sm, "prepare", None) if self._prep_executor is not None else None
         self._prepare_min_bytes = int(getattr(sm, "prepare_min_bytes", 0))
         self._ahead: Optional[tuple] = None  # (Ready, position of its committed entry, callable)
+        # An installed snapshot's decode, made in the storage job that persisted it (_persist):
+        # (its data, the machine's prepare_restore() result); taken by _install for that data only.
+        self._restore_prepared: Optional[tuple] = None
         self._reported = (StateRole.FOLLOWER, NONE, 0, False)  # (role, lead, term, failed) last told
         self._reported_proposals = 0
 
@@ -676,6 +679,7 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
             latency_trace.mark("persist_start", rd.entries[-1].index)
         if rd.snapshot is not None:
             st.apply_snapshot(rd.snapshot)
+            self._prepare_restore(rd.snapshot.data)
         st.save(rd.hard_state, rd.entries)
         synced = st.sync(self._now_ms())
         if latency_trace.ON and rd.entries:
@@ -737,19 +741,6 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
         if rd.soft_state is not None:
             self._check_leadership()
         return True
-
-    def _install(self, snap: Snapshot) -> None:
-        idx = snap.metadata.index
-        invariant(idx > self.applied, f"snapshot at {idx} not past applied {self.applied}")
-        self.sm.restore(snap.data, idx)
-        invariant(self.sm.applied_index == idx, "state machine restored to the snapshot index")
-        self.applied = self.snap_index = idx
-        self._bytes_since_snap = 0
-        self.conf_state = snap.metadata.conf_state
-        self.stats.snapshots_installed += 1
-        self.stats.last_snapshot_bytes = len(snap.data)
-        if self._pending:  # a leader never installs a snapshot; a stale proposal cannot stay
-            self._fail_pending("replaced by an installed snapshot")
 
     def _apply(self, e: Entry) -> None:
         if e.index <= self.applied:

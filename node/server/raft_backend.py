@@ -167,9 +167,14 @@ class FsmAdapter:
     def snapshot(self) -> bytes:
         return self.sm.snapshot()
 
-    def restore(self, data: bytes, index: int) -> None:
+    def prepare_restore(self, data: bytes):
+        """The driver's hook for an installed snapshot: its decode, run off the loop
+        (raft_driver._persist) and handed to restore()."""
+        return lambda: self.sm.parse_snapshot(data)
+
+    def restore(self, data: bytes, index: int, prepared=None) -> None:
         sm = self.sm
-        sm.restore(data)
+        sm.restore(data, prepared)
         invariant(sm.applied_index <= index, "snapshot data at %d is past its index %d"
                   % (sm.applied_index, index))
         while sm.applied_index < index:

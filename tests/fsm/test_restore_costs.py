@@ -64,3 +64,20 @@ def test_pel_loads_with_bulk_extends_not_per_entry_inserts(monkeypatch):
     restored.restore(data)
     assert calls == {"insert": 0, "extend_sorted": 3}     # the group's PEL, consumers c and d
     assert restored.snapshot() == data
+
+
+def test_a_decode_made_elsewhere_restores_the_same_state_and_only_for_its_bytes():
+    """An installed snapshot is decoded off the loop (parse_snapshot, in the storage job) and
+    swapped in by restore(buf, parsed): the same state as restore(buf) alone; a decode of
+    other bytes (equal or not) is not taken, and a parse leaves the machine untouched."""
+    data = _state_with_pending()
+    target = StateMachine()
+    before = target.snapshot()
+    parsed = StateMachine.parse_snapshot(data)
+    assert target.snapshot() == before            # parsing changed nothing
+    target.restore(data, parsed)
+    assert target.snapshot() == data
+    other = StateMachine()
+    stale = StateMachine.parse_snapshot(before)   # a decode of other bytes: ignored
+    other.restore(data, stale)
+    assert other.snapshot() == data

@@ -216,6 +216,8 @@ def test_a_follower_that_missed_a_snapshots_worth_catches_up(tmp_path, run):
             c.net.heal()
             await c.converged()
             assert lagging.driver.stats.snapshots_installed >= 1
+            # decoded off the loop, in the storage job that persisted it (raft_driver._persist)
+            assert lagging.driver.stats.snapshot_restores_prepared == lagging.driver.stats.snapshots_installed
             assert await lagging.read([b"XLEN", b"s"], linearizable=False) == 60
             # Readers of the key were woken (READONLY XREAD BLOCK on a follower): by the
             # restore, or by the entries applied after it.
