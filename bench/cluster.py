@@ -134,7 +134,7 @@ RAFT_COUNTERS = ("raft_records", "raft_requests", "raft_syncs")
 
 def raft_counters(resp_addr: str | None) -> dict | None:
     info = lc.raft_info(resp_addr) if resp_addr else None
-    return {k: int(info.get(k, 0)) for k in RAFT_COUNTERS} if info else None
+    return {k: int(info.get(k, 0)) for k in RAFT_COUNTERS + ("raft_term",)} if info else None
 
 
 class CpuMeter:
@@ -164,11 +164,14 @@ class CpuMeter:
             d = {k: raft1[k] - self.raft0[k] for k in RAFT_COUNTERS}
             self.raft = (d["raft_requests"] / max(1, d["raft_records"]), d["raft_records"] / max(1, d["raft_syncs"]),
                          d["raft_syncs"] / wall)
+            self.terms = (self.raft0["raft_term"], raft1["raft_term"])  # a change: an election in the phase
 
     def line(self) -> str:
         text = "CPU % of a core: " + ", ".join(f"{k} {v:.0f}" for k, v in self.pct.items())
         if self.raft:
             text += "; leader: {:.1f} requests/record, {:.1f} records/sync, {:.0f} syncs/s".format(*self.raft)
+            text += "; term %d" % self.terms[1] if self.terms[0] == self.terms[1] else \
+                "; term %d -> %d (ELECTIONS)" % self.terms
         return text
 
 
