@@ -165,11 +165,11 @@ def _child(parent: int, r: int, w: int, make: Callable[[], bytes], write: Callab
         if os.getppid() != parent:                   # the parent died before prctl took
             os._exit(1)
         gc.disable()                                 # a collection would touch (copy) every page
-        # Every replica reaches a snapshot index at about the same time, so on a small machine
-        # three children serialize at once: at normal priority they took the cores from the
-        # nodes, whose commits then waited in the run queue (XACK at 1M pending at 0.28x of
-        # 1k pending with the nodes mostly idle: bench/README.md session 11). Niced, a child
-        # gets the CPU the nodes leave, and a fair share still when they want it all.
+        # Every replica reaches a snapshot index at about the same time, so all of them image
+        # at once: three children serializing on a two-core machine compete with the nodes for
+        # the cores (XACK throughput fell to about half while they ran, whatever the PEL's
+        # size: bench/README.md session 11). Niced, a child takes the CPU the nodes leave, and
+        # still a share when they want it all.
         os.nice(CHILD_NICE)
         test = os.environ.get(TEST_ENV, "")
         if test == "fail":
