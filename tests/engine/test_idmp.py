@@ -408,6 +408,16 @@ class _Model:
         return new_sid, True
 
 
+
+def _model_setup(monkeypatch) -> tuple:
+    """(db, model, now): stream s with maxsize 4, a 2 s duration, at most 9 pairs per stream."""
+    monkeypatch.setattr(im, "MAX_TRACKED_IIDS", 9)
+    db = Keyspace()
+    now = 1_000_000
+    call(db, "XADD", "s", "*", "f", "v", now_ms=now)
+    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "4", "IDMP-DURATION", "2", now_ms=now)
+    return db, _Model(2, 4, 9), now
+
 @pytest.mark.parametrize("seed", range(6))
 def test_batches_and_single_xadds_keep_the_tables_rules(seed, monkeypatch):
     """Random batches (xadd_many) and single XADDs of 3 producers, with ids repeated,
@@ -415,12 +425,7 @@ def test_batches_and_single_xadds_keep_the_tables_rules(seed, monkeypatch):
     table (pairs() in order) are the model's after each step; a snapshot of the
     stream gives the same table back; the queue stays bounded."""
     rnd = random.Random(seed)
-    monkeypatch.setattr(im, "MAX_TRACKED_IIDS", 9)
-    db = Keyspace()
-    now = 1_000_000
-    call(db, "XADD", "s", "*", "f", "v", now_ms=now)
-    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "4", "IDMP-DURATION", "2", now_ms=now)
-    model = _Model(2, 4, 9)
+    db, model, now = _model_setup(monkeypatch)
     prev_last = tuple(db.get(b"s").last_id)
     for _ in range(120):
         now += rnd.choice((0, 0, 1, 300, 1500))
@@ -513,12 +518,7 @@ def test_run_form_with_max_tracked_keeps_the_tables_rules(seed, monkeypatch):
     in, at most 9 pairs per stream (the oldest run chunk turns to keys when a single
     XADD evicts from it): replies and pairs() are the model's after each step."""
     rnd = random.Random(seed)
-    monkeypatch.setattr(im, "MAX_TRACKED_IIDS", 9)
-    db = Keyspace()
-    now = 1_000_000
-    call(db, "XADD", "s", "*", "f", "v", now_ms=now)
-    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "4", "IDMP-DURATION", "2", now_ms=now)
-    model = _Model(2, 4, 9)
+    db, model, now = _model_setup(monkeypatch)
     next_id = {b"p1": 0, b"p2": 0, b"p3": 0}
     for _ in range(150):
         now += rnd.choice((0, 0, 1, 300, 1500))

@@ -185,6 +185,17 @@ def test_batches_with_evictions_same_as_multis(maxsize, duration_s, steps):
     assert fast.snapshot() == slow.snapshot()
 
 
+
+def _configured_pair(maxsize: int, duration_s: int) -> tuple:
+    """Two state machines holding stream s (one entry) with these IDMP settings. (XCFGSET
+    needs the key: on a missing one it answers "no such key" and sets nothing.)"""
+    pair = StateMachine(), StateMachine()
+    cfg = [b"XCFGSET", b"s", b"IDMP-MAXSIZE", b"%d" % maxsize, b"IDMP-DURATION", b"%d" % duration_s]
+    for sm in pair:
+        _run(sm, NOW, Request.command(0, 0, [b"XADD", b"s", b"*", b"f", b"v"]))
+        assert _run(sm, NOW, Request.command(0, 0, cfg)) == ["OK"]
+    return pair
+
 @settings(max_examples=200, deadline=None)
 @given(maxsize=st.integers(1, 6), duration_s=st.integers(1, 3),
        steps=st.lists(st.tuples(st.sampled_from([b"p", b"q"]), st.integers(0, 2500), st.booleans(),
@@ -194,13 +205,8 @@ def test_seq_form_same_as_multis(maxsize, duration_s, steps):
     single XADDs with those ids, the per-entry form mixed in: overlapping ranges resend
     ids (duplicates), batches above IDMP-MAXSIZE evict within the batch, and pauses
     expire pairs. Results, XINFO STREAM and the snapshot bytes must be the same."""
-    fast, slow = StateMachine(), StateMachine()
-    cfg = [b"XCFGSET", b"s", b"IDMP-MAXSIZE", b"%d" % maxsize, b"IDMP-DURATION", b"%d" % duration_s]
+    fast, slow = _configured_pair(maxsize, duration_s)
     now = NOW
-    for sm in (fast, slow):
-        # (XCFGSET needs the key: on a missing one it answers "no such key" and sets nothing)
-        _run(sm, now, Request.command(0, 0, [b"XADD", b"s", b"*", b"f", b"v"]))
-        assert _run(sm, now, Request.command(0, 0, cfg)) == ["OK"]
     for pid, pause_ms, seq_form, first, n in steps:
         now += pause_ms
         per_entry = _batch([b"%x" % v for v in range(first, first + n)], pid=pid, fields=(b"f", b"same"))
@@ -227,13 +233,8 @@ def test_run_form_same_as_multis_step_by_step(maxsize, duration_s, steps):
     single IDMP and IDMPAUTO XADDs of the same producers and restarts from a snapshot:
     after every step the results, XINFO STREAM and the snapshot bytes are those of the
     MULTIs of single XADDs."""
-    fast, slow = StateMachine(), StateMachine()
-    cfg = [b"XCFGSET", b"s", b"IDMP-MAXSIZE", b"%d" % maxsize, b"IDMP-DURATION", b"%d" % duration_s]
+    fast, slow = _configured_pair(maxsize, duration_s)
     now = NOW
-    for sm in (fast, slow):
-        # (XCFGSET needs the key: on a missing one it answers "no such key" and sets nothing)
-        _run(sm, now, Request.command(0, 0, [b"XADD", b"s", b"*", b"f", b"v"]))
-        assert _run(sm, now, Request.command(0, 0, cfg)) == ["OK"]
     next_id = {b"p": 0, b"q": 0x100}
     info = [b"XINFO", b"STREAM", b"s"]
     for kind, pid, pause_ms, back, n in steps:
