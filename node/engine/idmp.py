@@ -36,6 +36,7 @@ first). A producer with no id left is forgotten (pids-tracked counts the
 others).
 """
 import hashlib
+import re
 import struct
 from collections import OrderedDict, deque
 
@@ -488,8 +489,14 @@ class IdmpState:
 
     def load_pair(self, pid: bytes, iid: bytes, sid: StreamID, added_ms: int) -> bool:
         """Put back one pair of pairs() (stream_codec); False if it is there already.
-        Pairs of one producer and time join the queue's last chunk."""
-        ids = self.ids_of(pid)
+        Pairs of one producer and time join the queue's last chunk. A producer whose
+        pairs are rising IDMP_SEQ ids comes back in run form (a restarted replica keeps
+        recording the SDK's batches as runs); at its first other pair, the dict form."""
+        ids = self.producers.get(pid)
+        if ids is None or ids.__class__ is _Runs:
+            if self._load_into_runs(pid, ids, iid, sid, added_ms):
+                return True
+            ids = self.ids_of(pid)
         if ids is None:
             ids = self.producers[pid] = OrderedDict()
         if iid in ids:
@@ -504,6 +511,49 @@ class IdmpState:
         self.queued += 1
         self.tracked += 1
         return True
+
+    def _load_into_runs(self, pid: bytes, runs, iid: bytes, sid: StreamID, added_ms: int) -> bool:
+        """load_pair for pid in run form (runs) or without pairs (None): whether the pair
+        joined its runs (a padded hex id above every number pid holds)."""
+        num = _seq_number(iid)
+        if num is None or (runs is not None and num < runs.end()):
+            return False
+        queue = self.queue
+        chunk = queue[-1] if queue else None
+        if chunk is None or chunk.pid != pid or chunk.added_ms != added_ms:
+            chunk = self.new_chunk(pid, added_ms)
+            chunk.is_runs = True
+        invariant(chunk.is_runs, "a producer in run form has run chunks only")
+        if runs is None:
+            runs = self.producers[pid] = _Runs()
+        last = runs.runs[-1] if runs.runs else None
+        if (last is not None and last[RUN_CHUNK] is chunk and num == last[RUN_NUM] + last[RUN_COUNT]
+                and sid == (last[RUN_MS], last[RUN_SEQ] + last[RUN_COUNT])):
+            last[RUN_COUNT] += 1
+        else:
+            run = [num, 1, sid[0], sid[1], chunk]
+            chunk.keys.append(run)
+            runs.runs.append(run)
+            self.queued += 1
+        chunk.live += 1
+        runs.total += 1
+        self.tracked += 1
+        return True
+
+
+# The IDMP_SEQ form's ids: lowercase hex without leading zeros. Of 16 digits or more, the
+# key is a digest (manual_iid), whose id cannot be read back: the dict form keeps those.
+_SEQ_HEX = re.compile(rb"(?:0|[1-9a-f][0-9a-f]{0,14})\Z")
+
+
+def _seq_number(key: bytes):
+    """The number whose hex id is kept as `key` (a padded short id), or None."""
+    if len(key) != SHORT_IID:
+        return None
+    n = key[-1]
+    if n >= SHORT_IID or key[n:] != SHORT_IID_PADS[n] or not _SEQ_HEX.match(key, 0, n):
+        return None
+    return int(key[:n], 16)
 
 
 def idmp_of(stream, create: bool):

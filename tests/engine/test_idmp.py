@@ -540,3 +540,29 @@ def test_run_form_with_max_tracked_keeps_the_tables_rules(seed, monkeypatch):
         assert st.queued == sum(len(c.keys) for c in st.queue)   # (what the compaction counts)
         loaded = load_stream(dump_stream(db.get(b"s")))
         assert list(loaded.idmp.pairs()) == list(st.pairs())
+
+
+def test_run_form_comes_back_from_a_snapshot():
+    """A producer whose pairs are rising hex ids loads in run form, the same runs; one with
+    ids out of order, or of 16 hex digits (digests), in the dict form; both go on alike."""
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "q", "x", "*", "f", "v", now_ms=1000)
+    for i in range(5):
+        _seq_many(db, b"p", 10 * i, 10, 1000 + i)
+    _seq_many(db, b"r", 0x10, 3, 1010)
+    _seq_many(db, b"r", 0x5, 1, 1010)                        # below its ids: r in the dict form
+    _seq_many(db, b"t", 0xfffffffffffffff0, 3, 1011)        # 16 hex digits: digest keys
+    st = db.get(b"s").idmp
+    assert [p for p in st.producers if st.producers[p].__class__ is im._Runs] == [b"p", b"t"]
+    loaded = load_stream(dump_stream(db.get(b"s")))
+    lst = loaded.idmp
+    assert [p for p in lst.producers if lst.producers[p].__class__ is im._Runs] == [b"p"]
+    assert [run[:4] for run in lst.producers[b"p"].runs] == [run[:4] for run in st.producers[b"p"].runs]
+    assert lst.queued == sum(len(c.keys) for c in lst.queue)
+    db2 = Keyspace()
+    db2.set(b"s", loaded)
+    _same_table(db, db2)
+    replies = [_seq_many(d, b"p", 50, 60, 1020) + _seq_many(d, b"p", 105, 2, 1020) + _seq_many(d, b"t", 0, 2, 1020)
+               for d in (db, db2)]
+    assert replies[0] == replies[1] and replies[0][60] == replies[0][55]     # 105 resent: its first ID
+    _same_table(db, db2)
