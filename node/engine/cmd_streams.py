@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from .commands import BLOCKING, READONLY, WRITE, command
 from .errors import NO_SUCH_KEY, CommandError, WrongTypeError, not_integer, syntax_error, wrong_arity
 from .refs import KEEPREF, parse_policy, trim_with_policy
-from .idmp import (ERR_AUTO_ID_ONLY, ERR_IDMP_EMPTY_IID, ERR_TWICE, SHORT_IID, auto_iid, check_producer, idmp_of,
-                   manual_iid)
+from .idmp import (ERR_AUTO_ID_ONLY, ERR_IDMP_EMPTY_IID, ERR_TWICE, SHORT_IID, IdmpState, auto_iid, check_producer,
+                   idmp_of, manual_iid)
 from .idmp import SHORT_IID_PADS as _IID_PADS
 from ..invariant import invariant
 from .replies import NULL_ARRAY, OK, PairMap, WouldBlock
@@ -262,7 +262,7 @@ def _idmp_duplicate(stream, pid: bytes, raw_iid, iid: bytes, now_ms: int):
     if state is None:
         return None
     state.expire(now_ms)
-    ids = state.producers.get(pid)
+    ids = state.ids_of(pid)
     if ids is None:
         return None
     value = ids.get(iid) if raw_iid is None else state.find_manual(ids, raw_iid, iid)
@@ -309,7 +309,7 @@ def xadd_trim_args(strategy, approx: bool, threshold, limit, node_max_entries: i
 
 def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False, strategy=None,
               approx: bool = False, threshold=0, limit=None, idmp_pid: bytes | None = None,
-              idmp_iids=None) -> list:
+              idmp_iids=None, idmp_first: int | None = None) -> list:
     """`XADD key [NOMKSTREAM] [trim options] <id> <fields>` for each of `entries`
     ((id_kind, ms, seq, fields): ID_AUTO with ms = seq = 0, ID_AUTO_SEQ with
     seq = 0, ID_EXPLICIT; fields a flat f1 v1 ... of at least one pair), in
@@ -319,7 +319,9 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
     parsed, and the key looked up, once.
 
     `idmp_pid`: `IDMP idmp_pid <iid>` on every entry, iid = idmp_iids[i]
-    (bytes), or IDMPAUTO for an entry whose idmp_iids[i] is None."""
+    (bytes), or IDMPAUTO for an entry whose idmp_iids[i] is None. `idmp_first`: None, or
+    the number whose lowercase hex is idmp_iids[0], the next ones following (the IDMP_SEQ
+    form): then the pairs may be recorded as runs (idmp.py IdmpState.run_target)."""
     n = len(entries)
     idmp = idmp_pid is not None
     if idmp:
@@ -356,6 +358,22 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
     inline = False                                  # IDMP: record pairs inline (idmp.py begin_batch)
     n_recorded = n_evicted = 0                      # IDMP: pairs recorded and evicted inline
     pads, short_iid, legacy = _IID_PADS, SHORT_IID, 0
+    runs = None                                     # IDMP_SEQ in run form: the producer's _Runs
+    if idmp_first is not None and idmp and skip is False and n:
+        # Every entry of this form passes the checks before the table's (AUTO IDs, ids not
+        # empty): the first one expires it, here as in the loop.
+        state = target.idmp
+        if state is not None:
+            state.expire(now_ms)
+            expired = True
+            legacy = state.legacy_until_ms
+            runs = state.run_target(idmp_pid, idmp_first, n)
+            if runs is None:
+                recorded = state.ids_of(idmp_pid)
+        else:
+            runs = IdmpState().run_target(idmp_pid, idmp_first, n)     # as a table without pairs answers
+    pieces = []                                     # run form: (first number, count, ms, seq)
+    piece_i = piece_n = piece_ms = piece_seq = -1   # the run being extended: its entry index, count, ID
     for i, (kind, ms, seq, fields) in enumerate(entries):
         if idmp:
             iid = idmp_iids[i]
@@ -368,7 +386,7 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
         if skip is not False:
             add(skip)                               # WRONGTYPE, or None (NOMKSTREAM, no stream)
             continue
-        if idmp:
+        if idmp and runs is None:
             # xadd's _idmp_duplicate, with expiry once (every entry has the same
             # now_ms) and the producer's dict looked up once.
             raw_iid = iid
@@ -384,7 +402,7 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
                 if not expired:
                     state.expire(now_ms)
                     expired = True
-                    recorded = state.producers.get(idmp_pid)   # recording makes it if None
+                    recorded = state.ids_of(idmp_pid)   # recording makes it if None
                     legacy = state.legacy_until_ms  # only expire() changes it
                 if recorded is not None:
                     dup = recorded.get(iid)
@@ -410,7 +428,17 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
             stored = True
         sid = new_sid(sid_cls, (ms, seq))
         append_entry(sid, fields, node_bytes, node_entries)
-        if idmp:
+        if runs is not None:
+            # No id of the batch is tracked (run_target): each entry extends the run or,
+            # after a failed entry or where the ID's sequence wrapped (ms + 1), starts the
+            # next one. (Same ms and the next entry: the sequence is the next one.)
+            if i == piece_i + piece_n and ms == piece_ms:
+                piece_n += 1
+            else:
+                if piece_n > 0:
+                    pieces.append((idmp_first + piece_i, piece_n, piece_ms, piece_seq))
+                piece_i, piece_n, piece_ms, piece_seq = i, 1, ms, seq
+        elif idmp:
             if chunk is None:                       # one queue chunk for the batch's pairs
                 if state is None:
                     state = idmp_of(target, True)
@@ -437,6 +465,9 @@ def xadd_many(db, key: bytes, entries, now_ms: int, *, no_mkstream: bool = False
         add(b"%d-%d" % (ms, seq))
     if n_recorded:
         state.end_batch(n_recorded, n_evicted)
+    if piece_n > 0:
+        pieces.append((idmp_first + piece_i, piece_n, piece_ms, piece_seq))
+        idmp_of(target, True).end_run_batch(idmp_pid, runs, now_ms, pieces)
     if target.entries_added != added_before:
         db.signal_ready(key)
     return out

@@ -36,9 +36,11 @@ first). A producer with no id left is forgotten (pids-tracked counts the
 others).
 """
 import hashlib
+import re
 import struct
 from collections import OrderedDict, deque
 
+from ..invariant import invariant
 from .errors import CommandError
 from .streamid import StreamID
 
@@ -107,7 +109,7 @@ class _Chunk:
     now stands in time order, is live. `live` counts the live places, `first`
     is where the places not known dead begin."""
 
-    __slots__ = ("added_ms", "pid", "keys", "live", "first")
+    __slots__ = ("added_ms", "pid", "keys", "live", "first", "is_runs")
 
     def __init__(self, added_ms: int, pid: bytes):
         self.added_ms = added_ms
@@ -115,6 +117,39 @@ class _Chunk:
         self.keys: list = []
         self.live = 0
         self.first = 0
+        # A chunk of a producer in run form (_Runs): `keys` holds its runs, not keys (a run
+        # evicted whole stays there with count 0); `first` is unused. _to_dict turns it back.
+        self.is_runs = False
+
+
+# A run: [first number, count, ms, seq, its _Chunk]: the pairs (hex(first + k) as an IDMP
+# id, StreamID(ms, seq + k)) for k < count, recorded in this order by one IDMP_SEQ batch.
+RUN_NUM, RUN_COUNT, RUN_MS, RUN_SEQ, RUN_CHUNK = range(5)
+
+
+class _Runs:
+    """A producer's pairs while all of them came from IDMP_SEQ batches whose ids rose
+    (the SDK producer's first + count form): a deque of runs, oldest first, their
+    numbers ascending and disjoint. A batch of N such ids costs one run (or a few, where
+    an entry failed or the ID's sequence wrapped) instead of N dict inserts and
+    N evictions. Any other use of the producer (a lookup by id, a single XADD, a batch
+    whose ids may be tracked already) first turns it into the dict form
+    (IdmpState._to_dict), which then stays: what is tracked, and what pairs() yields
+    (so XINFO STREAM and the snapshot bytes), is the same in both forms."""
+
+    __slots__ = ("runs", "total")
+
+    def __init__(self):
+        self.runs: deque = deque()
+        self.total = 0                    # Invariant: the counts of `runs` summed, >= 1 once stored
+
+    def __len__(self) -> int:
+        return self.total
+
+    def end(self) -> int:
+        """One past the highest number tracked: a batch from here on holds no tracked id."""
+        last = self.runs[-1]
+        return last[RUN_NUM] + last[RUN_COUNT]
 
 
 class IdmpState:
@@ -157,7 +192,7 @@ class IdmpState:
     def _drop(self, chunk: _Chunk, pos: int) -> bool:
         """Forget chunk.keys[pos] if it is live there; whether it was."""
         ids = self.producers.get(chunk.pid)
-        if ids is None:
+        if ids is None or chunk.is_runs:      # (callers turn a live run chunk to keys first)
             return False
         key = chunk.keys[pos]
         value = ids.get(key)
@@ -188,10 +223,54 @@ class IdmpState:
         while queue and queue[0].added_ms < horizon:
             chunk = self._pop_head()
             if chunk.live:
+                if chunk.is_runs:
+                    self._drop_runs(chunk)
+                    continue
                 for pos in range(chunk.first, len(chunk.keys)):
                     self._drop(chunk, pos)
         if self.legacy_until_ms and self.legacy_until_ms < horizon:
             self.legacy_until_ms = 0
+
+    def _drop_runs(self, chunk: _Chunk) -> None:
+        """Forget the live pairs of a run chunk leaving the queue's head: its producer's
+        oldest runs (every older chunk of that producer has left the queue already)."""
+        runs = self.producers[chunk.pid]
+        queue = runs.runs
+        dropped = 0
+        while queue and queue[0][RUN_CHUNK] is chunk:
+            run = queue.popleft()
+            dropped += run[RUN_COUNT]
+            run[RUN_COUNT] = 0
+        invariant(dropped == chunk.live, "a run chunk's live pairs are its producer's oldest")
+        chunk.live = 0
+        runs.total -= dropped
+        self.tracked -= dropped
+        if not runs.total:
+            del self.producers[chunk.pid]
+
+    def ids_of(self, pid: bytes):
+        """pid's dict (turned from the run form if it is in it), or None."""
+        ids = self.producers.get(pid)
+        if ids is not None and ids.__class__ is _Runs:
+            ids = self._to_dict(pid, ids)
+        return ids
+
+    def _to_dict(self, pid: bytes, runs: _Runs) -> OrderedDict:
+        """Turn pid's runs into the dict form: the same pairs in the same order, each run
+        chunk's keys written out in the chunk's place in the queue."""
+        ids = OrderedDict()
+        for num, count, ms, seq, chunk in runs.runs:
+            if chunk.is_runs:             # its first live run: the chunk restarts as keys
+                self.queued -= len(chunk.keys)
+                chunk.keys, chunk.first, chunk.is_runs = [], 0, False
+            keys = chunk.keys
+            for k in range(count):
+                key = manual_iid(b"%x" % (num + k))
+                ids[key] = (StreamID(ms, seq + k), chunk, len(keys))
+                keys.append(key)
+            self.queued += count
+        self.producers[pid] = ids
+        return ids
 
     def find_manual(self, ids, raw_iid: bytes, key: bytes):
         """The value `ids` (a producer's dict) holds for an IDMP id whose key
@@ -204,7 +283,7 @@ class IdmpState:
 
     def lookup(self, pid: bytes, iid: bytes):
         """The StreamID recorded for (pid, iid), or None."""
-        ids = self.producers.get(pid)
+        ids = self.ids_of(pid)
         if ids is None:
             return None
         value = ids.get(iid)
@@ -225,7 +304,7 @@ class IdmpState:
 
     def producer_ids(self, pid: bytes) -> OrderedDict:
         """pid's dict, made empty if pid has none: record_in must put a pair in it at once."""
-        ids = self.producers.get(pid)
+        ids = self.ids_of(pid)
         if ids is None:
             ids = self.producers[pid] = OrderedDict()
         return ids
@@ -273,11 +352,69 @@ class IdmpState:
         if self.queued > 2 * self.tracked + 4096:
             self._compact()
 
+    def run_target(self, pid: bytes, first: int, n: int):
+        """pid's _Runs (a new one if pid has no pair) to record an IDMP_SEQ batch of n ids
+        from `first` in run form (end_run_batch), after expire(); None when the batch must
+        take the dict path: pid is in the dict form, an id of the batch may be tracked,
+        digests of an older record may be (legacy_until_ms), or MAX_TRACKED_IIDS may be
+        reached by the batch."""
+        if self.legacy_until_ms or self.tracked + n > MAX_TRACKED_IIDS:
+            return None
+        runs = self.producers.get(pid)
+        if runs is None:
+            return _Runs()                # stored by end_run_batch once it holds a pair
+        if runs.__class__ is not _Runs or first < runs.end():
+            return None
+        return runs
+
+    def end_run_batch(self, pid: bytes, runs: _Runs, now_ms: int, pieces: list) -> None:
+        """Record a batch's pairs in run form (run_target's `runs`): pieces are
+        (first number, count, ms, seq), ascending, none empty; then evict pid's oldest
+        beyond maxsize, as record_in's popitem does pair by pair."""
+        chunk = self.new_chunk(pid, now_ms)
+        chunk.is_runs = True
+        added = 0
+        for num, count, ms, seq in pieces:
+            run = [num, count, ms, seq, chunk]
+            chunk.keys.append(run)
+            runs.runs.append(run)
+            added += count
+        chunk.live = added
+        runs.total += added
+        self.producers[pid] = runs
+        self.queued += len(pieces)
+        self.tracked += added
+        self.iids_added += added
+        over = runs.total - self.maxsize
+        if over > 0:
+            runs.total -= over
+            self.tracked -= over
+            queue, head = runs.runs, self.queue
+            while over:
+                run = queue[0]
+                k = min(over, run[RUN_COUNT])
+                over -= k
+                if k == run[RUN_COUNT]:
+                    queue.popleft()
+                    run[RUN_COUNT] = 0
+                else:
+                    run[RUN_NUM] += k
+                    run[RUN_SEQ] += k
+                    run[RUN_COUNT] -= k
+                evicted = run[RUN_CHUNK]
+                evicted.live -= k
+                if not evicted.live and evicted is head[0]:
+                    self.drop_dead_head()
+        if self.queued > 2 * self.tracked + 4096:
+            self._compact()
+
     def _evict_oldest(self) -> None:
         """Drop the oldest pairs of any producer until MAX_TRACKED_IIDS hold."""
         queue = self.queue
         while self.tracked > MAX_TRACKED_IIDS:
             chunk = queue[0]
+            if chunk.is_runs and chunk.live:
+                self._to_dict(chunk.pid, self.producers[chunk.pid])
             keys = chunk.keys
             while chunk.first < len(keys) and self.tracked > MAX_TRACKED_IIDS:
                 self._drop(chunk, chunk.first)
@@ -293,7 +430,9 @@ class IdmpState:
         for chunk in self.queue:
             if not chunk.live:
                 continue
-            if chunk.live != len(chunk.keys) - chunk.first:
+            # (a run chunk stays whole: its runs evicted whole, count 0, are at most the
+            # few its batch made)
+            if not chunk.is_runs and chunk.live != len(chunk.keys) - chunk.first:
                 ids = producers[chunk.pid]
                 keys = []
                 for pos in range(chunk.first, len(chunk.keys)):
@@ -336,6 +475,11 @@ class IdmpState:
         for chunk in self.queue:
             if not chunk.live:
                 continue
+            if chunk.is_runs:
+                for num, count, ms, seq, _ in chunk.keys:
+                    for k in range(count):
+                        yield chunk.pid, manual_iid(b"%x" % (num + k)), StreamID(ms, seq + k), chunk.added_ms
+                continue
             ids = producers[chunk.pid]
             keys = chunk.keys
             for pos in range(chunk.first, len(keys)):
@@ -345,8 +489,14 @@ class IdmpState:
 
     def load_pair(self, pid: bytes, iid: bytes, sid: StreamID, added_ms: int) -> bool:
         """Put back one pair of pairs() (stream_codec); False if it is there already.
-        Pairs of one producer and time join the queue's last chunk."""
+        Pairs of one producer and time join the queue's last chunk. A producer whose
+        pairs are rising IDMP_SEQ ids comes back in run form (a restarted replica keeps
+        recording the SDK's batches as runs); at its first other pair, the dict form."""
         ids = self.producers.get(pid)
+        if ids is None or ids.__class__ is _Runs:
+            if self._load_into_runs(pid, ids, iid, sid, added_ms):
+                return True
+            ids = self.ids_of(pid)
         if ids is None:
             ids = self.producers[pid] = OrderedDict()
         if iid in ids:
@@ -361,6 +511,49 @@ class IdmpState:
         self.queued += 1
         self.tracked += 1
         return True
+
+    def _load_into_runs(self, pid: bytes, runs, iid: bytes, sid: StreamID, added_ms: int) -> bool:
+        """load_pair for pid in run form (runs) or without pairs (None): whether the pair
+        joined its runs (a padded hex id above every number pid holds)."""
+        num = _seq_number(iid)
+        if num is None or (runs is not None and num < runs.end()):
+            return False
+        queue = self.queue
+        chunk = queue[-1] if queue else None
+        if chunk is None or chunk.pid != pid or chunk.added_ms != added_ms:
+            chunk = self.new_chunk(pid, added_ms)
+            chunk.is_runs = True
+        invariant(chunk.is_runs, "a producer in run form has run chunks only")
+        if runs is None:
+            runs = self.producers[pid] = _Runs()
+        last = runs.runs[-1] if runs.runs else None
+        if (last is not None and last[RUN_CHUNK] is chunk and num == last[RUN_NUM] + last[RUN_COUNT]
+                and sid == (last[RUN_MS], last[RUN_SEQ] + last[RUN_COUNT])):
+            last[RUN_COUNT] += 1
+        else:
+            run = [num, 1, sid[0], sid[1], chunk]
+            chunk.keys.append(run)
+            runs.runs.append(run)
+            self.queued += 1
+        chunk.live += 1
+        runs.total += 1
+        self.tracked += 1
+        return True
+
+
+# The IDMP_SEQ form's ids: lowercase hex without leading zeros. Of 16 digits or more, the
+# key is a digest (manual_iid), whose id cannot be read back: the dict form keeps those.
+_SEQ_HEX = re.compile(rb"(?:0|[1-9a-f][0-9a-f]{0,14})\Z")
+
+
+def _seq_number(key: bytes):
+    """The number whose hex id is kept as `key` (a padded short id), or None."""
+    if len(key) != SHORT_IID:
+        return None
+    n = key[-1]
+    if n >= SHORT_IID or key[n:] != SHORT_IID_PADS[n] or not _SEQ_HEX.match(key, 0, n):
+        return None
+    return int(key[:n], 16)
 
 
 def idmp_of(stream, create: bool):

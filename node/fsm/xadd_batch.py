@@ -31,7 +31,8 @@ def apply_xadd_batch(keyspace, batch: XAddBatch, now_ms: int) -> list:
     """Run the batch against `keyspace` at the record's time: one result per entry."""
     return xadd_many(keyspace, batch.key, batch.entries, now_ms, no_mkstream=batch.no_mkstream,
                      strategy=batch.strategy, approx=batch.approx, threshold=batch.threshold,
-                     limit=batch.limit, idmp_pid=batch.idmp_pid, idmp_iids=batch.idmp_iids)
+                     limit=batch.limit, idmp_pid=batch.idmp_pid, idmp_iids=batch.idmp_iids,
+                     idmp_first=batch.idmp_first)
 
 
 def error_without_fields(strategy, approx: bool, threshold, limit) -> EngineError:

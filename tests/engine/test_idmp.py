@@ -408,6 +408,16 @@ class _Model:
         return new_sid, True
 
 
+
+def _model_setup(monkeypatch) -> tuple:
+    """(db, model, now): stream s with maxsize 4, a 2 s duration, at most 9 pairs per stream."""
+    monkeypatch.setattr(im, "MAX_TRACKED_IIDS", 9)
+    db = Keyspace()
+    now = 1_000_000
+    call(db, "XADD", "s", "*", "f", "v", now_ms=now)
+    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "4", "IDMP-DURATION", "2", now_ms=now)
+    return db, _Model(2, 4, 9), now
+
 @pytest.mark.parametrize("seed", range(6))
 def test_batches_and_single_xadds_keep_the_tables_rules(seed, monkeypatch):
     """Random batches (xadd_many) and single XADDs of 3 producers, with ids repeated,
@@ -415,12 +425,7 @@ def test_batches_and_single_xadds_keep_the_tables_rules(seed, monkeypatch):
     table (pairs() in order) are the model's after each step; a snapshot of the
     stream gives the same table back; the queue stays bounded."""
     rnd = random.Random(seed)
-    monkeypatch.setattr(im, "MAX_TRACKED_IIDS", 9)
-    db = Keyspace()
-    now = 1_000_000
-    call(db, "XADD", "s", "*", "f", "v", now_ms=now)
-    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "4", "IDMP-DURATION", "2", now_ms=now)
-    model = _Model(2, 4, 9)
+    db, model, now = _model_setup(monkeypatch)
     prev_last = tuple(db.get(b"s").last_id)
     for _ in range(120):
         now += rnd.choice((0, 0, 1, 300, 1500))
@@ -449,3 +454,115 @@ def test_batches_and_single_xadds_keep_the_tables_rules(seed, monkeypatch):
         assert sum(c.live for c in st.queue) == st.tracked
         loaded = load_stream(dump_stream(db.get(b"s")))
         assert list(loaded.idmp.pairs()) == list(st.pairs())
+
+
+# -- the run form (idmp.py _Runs: IDMP_SEQ batches whose ids rise) -------------------------
+
+def _seq_many(db, pid, first, n, now_ms, fields=(b"f", b"v")):
+    return xadd_many(db, b"s", [(ID_AUTO, 0, 0, list(fields))] * n, now_ms, idmp_pid=pid,
+                     idmp_iids=tuple(b"%x" % v for v in range(first, first + n)), idmp_first=first)
+
+
+def _same_table(db, db2):
+    st, st2 = db.get(b"s").idmp, db2.get(b"s").idmp
+    assert list(st.pairs()) == list(st2.pairs()) and st.info_fields() == st2.info_fields()
+    assert dump_stream(db.get(b"s")) == dump_stream(db2.get(b"s"))
+
+
+def test_run_form_queue_stays_bounded():
+    """A producer in run form under IDMP-MAXSIZE 1: its evicted runs' chunks leave the
+    queue's head at once; behind another producer's live pair they are compacted away.
+    The table is the dict form's (the same batches without idmp_first) all along."""
+    db, db2 = Keyspace(), Keyspace()
+    for d in (db, db2):
+        call(d, "XADD", "s", "IDMP", "q", "first", "*", "f", "v", now_ms=1000)
+        call(d, "XCFGSET", "s", "IDMP-MAXSIZE", "1")
+    st = db.get(b"s").idmp
+    call(db, "XADD", "s", "IDMP", "q", "first", "*", "f", "v", now_ms=1000)   # q: a pair again
+    call(db2, "XADD", "s", "IDMP", "q", "first", "*", "f", "v", now_ms=1000)
+    for i in range(6000):
+        assert _seq_many(db, b"p", 2 * i, 2, 1000) == xadd_many(
+            db2, b"s", [(ID_AUTO, 0, 0, [b"f", b"v"])] * 2, 1000, idmp_pid=b"p",
+            idmp_iids=(b"%x" % (2 * i), b"%x" % (2 * i + 1)))
+        assert len(st.queue) <= 2 * st.tracked + 4096 + 1
+        assert st.queued == sum(len(c.keys) for c in st.queue)
+    assert st.producers[b"p"].__class__ is im._Runs and st.tracked == 2
+    _same_table(db, db2)
+    # alone, the producer's dead chunks leave the head at once
+    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "2")
+    for i in range(50):
+        _seq_many(db, b"p", 10_000 + 3 * i, 3, 1000)
+        assert len(st.queue) == 1
+
+
+def test_run_form_breaks_where_the_id_sequence_wraps():
+    """The entries' IDs (ms, 2**64-1), (ms + 1, 0), (ms + 1, 1): two runs, each pair
+    its own ID; the snapshot is the dict form's."""
+    big = 5_000
+    db, db2 = Keyspace(), Keyspace()
+    for d in (db, db2):
+        call(d, "XADD", "s", "%d-%d" % (big, 2**64 - 2), "f", "v")
+    got = _seq_many(db, b"p", 7, 3, 1000)
+    want = [call(db2, "XADD", "s", "IDMP", "p", "%x" % v, "*", "f", "v") for v in (7, 8, 9)]
+    assert got == want == [b"%d-%d" % (big, 2**64 - 1), b"%d-0" % (big + 1), b"%d-1" % (big + 1)]
+    assert [run[:4] for run in db.get(b"s").idmp.producers[b"p"].runs] == [
+        [7, 1, big, 2**64 - 1], [8, 2, big + 1, 0]]
+    _same_table(db, db2)
+    assert _seq_many(db, b"p", 8, 1, 1000) == [want[1]]     # a resend: the dict form from here
+    assert db.get(b"s").idmp.producers[b"p"].__class__ is not im._Runs
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_run_form_with_max_tracked_keeps_the_tables_rules(seed, monkeypatch):
+    """Rising IDMP_SEQ batches (run form) of 3 producers, resends and single XADDs mixed
+    in, at most 9 pairs per stream (the oldest run chunk turns to keys when a single
+    XADD evicts from it): replies and pairs() are the model's after each step."""
+    rnd = random.Random(seed)
+    db, model, now = _model_setup(monkeypatch)
+    next_id = {b"p1": 0, b"p2": 0, b"p3": 0}
+    for _ in range(150):
+        now += rnd.choice((0, 0, 1, 300, 1500))
+        pid = rnd.choice(list(next_id))
+        first = max(0, next_id[pid] - rnd.choice((0, 0, 0, 1, 5)))
+        n = rnd.choice((1, 2, 3, 6))
+        next_id[pid] = max(next_id[pid], first + n)
+        if n == 1 and rnd.random() < 0.3:
+            got = [call(db, "XADD", "s", "IDMP", pid, b"%x" % first, "*", "f", "v", now_ms=now)]
+        else:
+            got = _seq_many(db, pid, first, n, now)
+        for v, reply in zip(range(first, first + n), got):
+            sid, _ = model.xadd(pid, im.manual_iid(b"%x" % v), now, reply)
+            assert reply == sid
+        st = db.get(b"s").idmp
+        table = [(pid_, key, b"%d-%d" % sid_, ms) for pid_, key, sid_, ms in st.pairs()]
+        assert table == [tuple(p) for p in model.pairs], (seed, now)
+        assert st.tracked == len(model.pairs) and sum(c.live for c in st.queue) == st.tracked
+        assert st.queued == sum(len(c.keys) for c in st.queue)   # (what the compaction counts)
+        loaded = load_stream(dump_stream(db.get(b"s")))
+        assert list(loaded.idmp.pairs()) == list(st.pairs())
+
+
+def test_run_form_comes_back_from_a_snapshot():
+    """A producer whose pairs are rising hex ids loads in run form, the same runs; one with
+    ids out of order, or of 16 hex digits (digests), in the dict form; both go on alike."""
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "q", "x", "*", "f", "v", now_ms=1000)
+    for i in range(5):
+        _seq_many(db, b"p", 10 * i, 10, 1000 + i)
+    _seq_many(db, b"r", 0x10, 3, 1010)
+    _seq_many(db, b"r", 0x5, 1, 1010)                        # below its ids: r in the dict form
+    _seq_many(db, b"t", 0xfffffffffffffff0, 3, 1011)        # 16 hex digits: digest keys
+    st = db.get(b"s").idmp
+    assert [p for p in st.producers if st.producers[p].__class__ is im._Runs] == [b"p", b"t"]
+    loaded = load_stream(dump_stream(db.get(b"s")))
+    lst = loaded.idmp
+    assert [p for p in lst.producers if lst.producers[p].__class__ is im._Runs] == [b"p"]
+    assert [run[:4] for run in lst.producers[b"p"].runs] == [run[:4] for run in st.producers[b"p"].runs]
+    assert lst.queued == sum(len(c.keys) for c in lst.queue)
+    db2 = Keyspace()
+    db2.set(b"s", loaded)
+    _same_table(db, db2)
+    replies = [_seq_many(d, b"p", 50, 60, 1020) + _seq_many(d, b"p", 105, 2, 1020) + _seq_many(d, b"t", 0, 2, 1020)
+               for d in (db, db2)]
+    assert replies[0] == replies[1] and replies[0][60] == replies[0][55]     # 105 resent: its first ID
+    _same_table(db, db2)

@@ -185,6 +185,17 @@ def test_batches_with_evictions_same_as_multis(maxsize, duration_s, steps):
     assert fast.snapshot() == slow.snapshot()
 
 
+
+def _configured_pair(maxsize: int, duration_s: int) -> tuple:
+    """Two state machines holding stream s (one entry) with these IDMP settings. (XCFGSET
+    needs the key: on a missing one it answers "no such key" and sets nothing.)"""
+    pair = StateMachine(), StateMachine()
+    cfg = [b"XCFGSET", b"s", b"IDMP-MAXSIZE", b"%d" % maxsize, b"IDMP-DURATION", b"%d" % duration_s]
+    for sm in pair:
+        _run(sm, NOW, Request.command(0, 0, [b"XADD", b"s", b"*", b"f", b"v"]))
+        assert _run(sm, NOW, Request.command(0, 0, cfg)) == ["OK"]
+    return pair
+
 @settings(max_examples=200, deadline=None)
 @given(maxsize=st.integers(1, 6), duration_s=st.integers(1, 3),
        steps=st.lists(st.tuples(st.sampled_from([b"p", b"q"]), st.integers(0, 2500), st.booleans(),
@@ -194,11 +205,8 @@ def test_seq_form_same_as_multis(maxsize, duration_s, steps):
     single XADDs with those ids, the per-entry form mixed in: overlapping ranges resend
     ids (duplicates), batches above IDMP-MAXSIZE evict within the batch, and pauses
     expire pairs. Results, XINFO STREAM and the snapshot bytes must be the same."""
-    fast, slow = StateMachine(), StateMachine()
-    cfg = [b"XCFGSET", b"s", b"IDMP-MAXSIZE", b"%d" % maxsize, b"IDMP-DURATION", b"%d" % duration_s]
+    fast, slow = _configured_pair(maxsize, duration_s)
     now = NOW
-    for sm in (fast, slow):
-        _run(sm, now, Request.command(0, 0, cfg))
     for pid, pause_ms, seq_form, first, n in steps:
         now += pause_ms
         per_entry = _batch([b"%x" % v for v in range(first, first + n)], pid=pid, fields=(b"f", b"same"))
@@ -211,3 +219,51 @@ def test_seq_form_same_as_multis(maxsize, duration_s, steps):
     info = [b"XINFO", b"STREAM", b"s"]
     assert _run(fast, now, Request.command(0, 0, info)) == _run(slow, now, Request.command(0, 0, info))
     assert fast.snapshot() == slow.snapshot()
+
+
+@settings(max_examples=300, deadline=None)
+@given(maxsize=st.integers(1, 6), duration_s=st.integers(1, 3),
+       steps=st.lists(st.tuples(st.sampled_from(["seq", "seq", "seq", "per-entry", "single", "auto", "restore"]),
+                                st.sampled_from([b"p", b"q"]), st.integers(0, 2500), st.integers(0, 6),
+                                st.integers(1, 9)), min_size=1, max_size=12))
+def test_run_form_same_as_multis_step_by_step(maxsize, duration_s, steps):
+    """The SDK's rising IDMP_SEQ batches keep a producer's pairs as runs (idmp.py _Runs);
+    any other use turns them into the dict form. Seq batches whose ids mostly rise (each
+    from the producer's next id, minus up to 6: resends), mixed with per-entry batches,
+    single IDMP and IDMPAUTO XADDs of the same producers and restarts from a snapshot:
+    after every step the results, XINFO STREAM and the snapshot bytes are those of the
+    MULTIs of single XADDs."""
+    fast, slow = _configured_pair(maxsize, duration_s)
+    now = NOW
+    next_id = {b"p": 0, b"q": 0x100}
+    info = [b"XINFO", b"STREAM", b"s"]
+    for kind, pid, pause_ms, back, n in steps:
+        now += pause_ms
+        if kind == "restore":
+            restored = StateMachine()
+            restored.restore(fast.snapshot())
+            fast = restored
+            continue
+        first = max(0, next_id[pid] - back)
+        next_id[pid] = max(next_id[pid], first + n)
+        per_entry = _batch([b"%x" % v for v in range(first, first + n)], pid=pid, fields=(b"f", b"same"))
+        if kind == "seq":
+            req = Request.xadd_batch(0, 0, _seq_batch(first, n, pid=pid, fields=(b"f", b"same")))
+        elif kind == "per-entry":
+            req = Request.xadd_batch(0, 0, per_entry)
+        elif kind == "single":
+            per_entry = _batch([b"%x" % first], pid=pid, fields=(b"f", b"same"))
+            req = Request.command(0, 0, _argvs(per_entry)[0])
+        else:
+            per_entry = _batch([None], pid=pid, fields=(b"f", b"%d" % (first % 3)))
+            req = Request.command(0, 0, _argvs(per_entry)[0])
+        got = _run(fast, now, req)[0]
+        want = _run(slow, now, Request.multi(0, 0, _argvs(per_entry)))[0]
+        if kind in ("single", "auto"):
+            want = want[0]
+        else:
+            got = [r.message if hasattr(r, "message") else r for r in got]
+            want = [r.message if hasattr(r, "message") else r for r in want]
+        assert got == want
+        assert _run(fast, now, Request.command(0, 0, info)) == _run(slow, now, Request.command(0, 0, info))
+        assert fast.snapshot() == slow.snapshot()
