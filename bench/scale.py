@@ -385,9 +385,11 @@ def catch_up(cluster, seeds, out: dict) -> None:
             # snapshot index - KEEP_ENTRIES is where a log starts; a margin of KEEP_ENTRIES more.
             infos = [lc.raft_info(n.resp, timeout=5.0) or {} for n in others]
             return min(int(i.get("raft_snapshot_index", 0)) for i in infos) > behind + 2 * KEEP_ENTRIES + 1
-        # small batches: many Raft records, so the leader snapshots and compacts soon
-        written = uvloop.run(load(seeds, "gap", 1 << 40, cb.FIELDS, 10, "writes while a follower is stopped",
-                                  stop=compacted_past))
+        # small batches of 1 KB entries: many Raft records and enough log bytes (an image is due
+        # once the log is 1/16 of the last one, driver_snapshots.SNAPSHOT_LOG_RATIO), so the
+        # leader snapshots and compacts soon
+        written = uvloop.run(load(seeds, "gap", 1 << 40, {b"payload": BULK_VALUE}, 10,
+                                  "writes while a follower is stopped", stop=compacted_past))
         commit = int(cb.wait_leader(cluster)["commit_index"])
     finally:
         os.kill(victim.pid, signal.SIGCONT)
