@@ -43,7 +43,6 @@ from ..invariant import invariant
 RESULT = struct.Struct(">8sQ")              # magic, data length
 RESULT_MAGIC = b"XRSNAPOK"
 TEST_ENV = "XRAFT_TEST_SNAPSHOT_CHILD"
-CHILD_NICE = 10                             # added to the child's niceness (CFS weight ~1/10 of the node's)
 KILL_WAIT_S = 2.0                           # kill() waits at most this long for the child to die
 _PR_SET_PDEATHSIG = 1
 _CHILD_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
@@ -165,12 +164,6 @@ def _child(parent: int, r: int, w: int, make: Callable[[], bytes], write: Callab
         if os.getppid() != parent:                   # the parent died before prctl took
             os._exit(1)
         gc.disable()                                 # a collection would touch (copy) every page
-        # Every replica reaches a snapshot index at about the same time, so all of them image
-        # at once: three children serializing on a two-core machine compete with the nodes for
-        # the cores (XACK throughput fell to about half while they ran, whatever the PEL's
-        # size: bench/README.md session 11). Niced, a child takes the CPU the nodes leave, and
-        # still a share when they want it all.
-        os.nice(CHILD_NICE)
         test = os.environ.get(TEST_ENV, "")
         if test == "fail":
             os._exit(1)

@@ -156,22 +156,3 @@ def test_a_child_dies_with_its_parent(tmp_path):
         assert not os.path.exists(tmp_path / "x.snap.tmp")
     finally:
         p.kill()
-
-
-def test_the_child_images_at_a_lower_cpu_priority(tmp_path, run):
-    """Replicas snapshot at about the same index, so their children serialize at once: niced,
-    they leave the cores to the nodes (bench/README.md session 11). The image the child makes
-    is its own niceness here; the parent's stays as it was."""
-    tmp = str(tmp_path / "x.snap.tmp")
-
-    def write(data):
-        with open(tmp, "wb") as f:
-            f.write(data)
-        return tmp
-    parent_nice = os.nice(0)
-    n = run(snapshot_child.image_in_child(lambda: b"%d" % os.nice(0), write, tmp))
-    with open(tmp, "rb") as f:
-        image = f.read()
-    assert n == len(image)
-    assert int(image) == min(19, parent_nice + snapshot_child.CHILD_NICE)
-    assert os.nice(0) == parent_nice
