@@ -66,7 +66,7 @@ class SnapshotReceiver:
     resend was reordered again). Chunks are kept by offset until they cover [0, total)
     contiguously; `prefix` is how far they do, which the follower acknowledges after
     each chunk (SNAP_STATUS, not reject, chunk_offset = prefix) so the leader can send
-    the next ones (raft_leader.SnapshotSend). A chunk of another snapshot starts over.
+    the next ones (snapshot_send.SnapshotSend). A chunk of another snapshot starts over.
     When the last chunk arrives with a gap before it, the follower asks for a resend
     (SNAP_STATUS reject) but keeps what it has.
     """
@@ -511,15 +511,12 @@ class Raft:
         data = rx.add(meta, m.chunk_total, m.chunk_offset, chunk.data)
         if data is not None:
             return Snapshot(meta, data)
-        if m.chunk_offset + len(chunk.data) == m.chunk_total:
-            # The last chunk came and a piece is still missing: probably lost. Ask the leader to
-            # send the snapshot again; what we hold is kept, so the resend only has to fill gaps.
-            self.send(Message(MT.SNAP_STATUS, to=m.frm, index=meta.index, reject=True,
-                              chunk_offset=rx.prefix, chunk_total=m.chunk_total))
-        else:
-            # Acknowledge how far the chunks reach, so the leader sends the next window.
-            self.send(Message(MT.SNAP_STATUS, to=m.frm, index=meta.index,
-                              chunk_offset=rx.prefix, chunk_total=m.chunk_total))
+        # Acknowledge how far the chunks reach, so the leader sends the next window. If the last
+        # chunk came and a piece is still missing (probably lost), reject: the leader sends the
+        # snapshot again from the prefix; what we hold is kept, so the resend only fills gaps.
+        last = m.chunk_offset + len(chunk.data) == m.chunk_total
+        self.send(Message(MT.SNAP_STATUS, to=m.frm, index=meta.index, reject=last,
+                          chunk_offset=rx.prefix, chunk_total=m.chunk_total))
         return None
 
     def restore(self, s: Snapshot) -> bool:

@@ -89,10 +89,10 @@ class StateMachine(Protocol):
     # driver to run in the host's prepare_executor right before apply(index, ...)
     # (apply_ahead.py). The results and the state must not depend on whether it ran.
 
-    # Optional: `prepare_restore(data) -> callable` and `restore(data, index, prepared)`: a
-    # snapshot installed from the leader is decoded by that callable off the loop (in the
-    # storage job that persists it) and its result handed to restore(); a machine without
-    # them decodes in restore(), on the loop.
+    # Optional: `prepare_restore(data) -> decoded` and `restore(data, index, prepared)`: a
+    # snapshot installed from the leader is decoded off the loop (in the storage job that
+    # persists it) and the result handed to restore(); a machine without them decodes in
+    # restore(), on the loop.
 
     def snapshot(self) -> bytes:
         """The machine's whole state as of its last applied entry."""

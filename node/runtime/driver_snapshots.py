@@ -124,19 +124,17 @@ class Snapshots:
         self.stats.snapshot_bytes_created += n
         self.stats.last_snapshot_bytes = n
 
-
     def _prepare_restore(self, data: bytes) -> None:
         """Executor thread: decode a snapshot to install, so that _install() on the loop only
         swaps it in (a 400 MiB image decodes for seconds: every group of this node would
         wait). A failure here is left to restore(), which decodes again and reports it."""
         self._restore_prepared = None
         prep = getattr(self.sm, "prepare_restore", None)
-        if prep is None:
-            return
-        try:
-            self._restore_prepared = (data, prep(data)())
-        except Exception:
-            self._restore_prepared = None
+        if prep is not None:
+            try:
+                self._restore_prepared = (data, prep(data))
+            except Exception:
+                pass
 
     def _install(self, snap: Snapshot) -> None:
         idx = snap.metadata.index

@@ -170,7 +170,7 @@ class FsmAdapter:
     def prepare_restore(self, data: bytes):
         """The driver's hook for an installed snapshot: its decode, run off the loop
         (raft_driver._persist) and handed to restore()."""
-        return lambda: self.sm.parse_snapshot(data)
+        return self.sm.parse_snapshot(data)
 
     def restore(self, data: bytes, index: int, prepared=None) -> None:
         sm = self.sm
