@@ -19,6 +19,7 @@ import time
 from ..engine.commands import BLOCKING, COMMANDS, READONLY, WRITE, _load_families
 from ..engine.errors import CommandError, wrong_arity
 from ..engine.cmd_keys import glob_match
+from . import gc_policy
 from .cluster_cmds import MOVABLE, getkeys
 from .node_config import node_values
 
@@ -219,4 +220,6 @@ def info_text(server, sections, dbsize: int) -> bytes:
         out.append(_section("Keyspace", [("db0", "keys=%d,expires=0,avg_ttl=0" % dbsize)] if dbsize else []))
     if "raft" in wanted:
         out.append(_section("Raft", list(backend.raft_info().items())))
+    if "gc" in wanted or wanted & {"all", "everything"}:     # xraft's own section, not in the default
+        out.append(_section("Gc", gc_policy.WATCH.info_fields()))
     return "\r\n".join(out).encode()

@@ -82,7 +82,7 @@ from ..runtime.multiraft import MultiRaft, MultiRaftOptions
 from ..runtime.peer_auth import DEFAULT_SECRET_ENV, SecretError, load_secret
 from ..runtime.raft_driver import GroupOptions
 from ..runtime.wal import FsyncPolicy, WalOptions
-from . import logging_setup, loop_stalls
+from . import gc_policy, logging_setup, loop_stalls
 from .admin_rpcs import AdminRpcs
 from .slot_move_steps import SlotMoveRpcs, tls_channels
 from .backend import Backend, split_address
@@ -559,6 +559,7 @@ def main(argv=None) -> int:
         print(f"xraft-node: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     import uvloop
+    gc_policy.WATCH.install()          # thresholds for long-lived PELs (gc_policy.py)
     profiler = _start_profile()
     try:
         code = uvloop.run(run(cfg, secret, tls, token))

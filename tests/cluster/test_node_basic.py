@@ -13,6 +13,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from tests.cluster.conftest import wait_until
+from xraft.node.server.gc_policy import THRESHOLDS
 
 
 def test_a_leader_emerges_and_info_raft_reports_it(cluster):
@@ -29,6 +30,10 @@ def test_a_leader_emerges_and_info_raft_reports_it(cluster):
         assert info["raft_commit_index"] >= info["raft_applied_index"] >= 2   # bootstrap + the leader's entry
     with leader.client() as r:
         assert r.info("replication")["role"] == "master"
+        # The node process runs the collector policy (gc_policy.py): its thresholds, its watch.
+        gcinfo = r.info("gc")
+        assert tuple(gcinfo["gc_gen%d_threshold" % g] for g in range(3)) == THRESHOLDS
+        assert gcinfo["gc_enabled"] == 1 and "gc_gen0_threshold" not in r.info()    # not a default section
 
 
 def test_xadd_on_leader_is_readable_on_every_node(cluster):
