@@ -168,7 +168,7 @@ def test_dead_letter_storm_across_a_kill_9(cluster_factory):
             stop.set()
             await asyncio.gather(*workers)
             assert claims[0] > claims_at_kill + 10, "the storm did not go on through the failover"
-            group = (await client.xinfo_groups(key))[0]        # the workers stopped: nothing pending
+            group = (await retrying(client.xinfo_groups, key))[0]   # the workers stopped: nothing pending
             assert (group.pending, group.lag) == (0, 0), ("the storm stopped with entries pending", group)
 
             letters = [d async for d in client.dead_letters(dlq)]
