@@ -1,0 +1,67 @@
+"""IDMP's per-entry cost on a follower, in one process (bench/README.md, "Session 12: IDMP
+per-entry cost"): StateMachine.apply (decode + apply + results) of encoded XADD_BATCH
+records of 100 entries, thread CPU time, the sides run alternately, the best of `--reps`.
+
+    python bench/idmp_apply.py [--batches 300] [--reps 7]
+
+Sides, each on a fresh StateMachine:
+  plain          no IDMP
+  seq            IDMP, the ids as first + count (XAddRequest.idempotent_id_first) throughout
+  per-entry-then-seq  IDMP: the first 8 batches with one id per entry, the rest as first +
+                 count: what a new SDK client sends (8 batches in flight before a server
+                 answered idempotent_id_first_ok; bench/cluster.py sdk_batch)
+  per-entry      IDMP, one id per entry throughout (the SDK pinned to the older form)
+"""
+import argparse
+import time
+
+from xraft.node.fsm.entry import Request, XAddBatch, encode_record
+from xraft.node.fsm.state_machine import StateMachine
+
+FIELDS = (b"sensor-id", b"1234", b"temperature", b"19.8")
+BATCH = 100
+CLIENT = 7             # a registered session, as the SDK's requests carry
+IN_FLIGHT = 8          # bench/cluster.py BATCH_CONCURRENCY
+
+
+def records(side: str, batches: int) -> list:
+    out = [encode_record(1_699_999_999_999, [Request.register(CLIENT)])]
+    for b in range(batches):
+        first = 1 + b * BATCH
+        entries = [(0, 0, 0, FIELDS)] * BATCH
+        if side == "plain":
+            batch = XAddBatch.build(b"s", entries)
+        elif side == "per-entry" or (side == "per-entry-then-seq" and b < IN_FLIGHT):
+            batch = XAddBatch.build(b"s", entries, idmp_pid=b"p1",
+                                    idmp_iids=[b"%x" % (first + i) for i in range(BATCH)])
+        else:
+            batch = XAddBatch.build(b"s", entries, idmp_pid=b"p1", idmp_first=first)
+        out.append(encode_record(1_700_000_000_000 + b, [Request.xadd_batch(CLIENT, b + 1, batch)]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", type=int, default=300)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    sides = ("plain", "seq", "per-entry-then-seq", "per-entry")
+    recs = {side: records(side, args.batches) for side in sides}
+    best = {side: float("inf") for side in sides}
+    for _ in range(args.reps):
+        for side in sides:
+            sm = StateMachine()
+            t = time.thread_time()
+            for i, data in enumerate(recs[side], 1):
+                got = sm.apply(i, data, want_results=False)
+            assert len(got[0]) == BATCH and all(type(r) is bytes for r in got[0]), got[0][:2]
+            best[side] = min(best[side], time.thread_time() - t)
+    n = args.batches * BATCH
+    print(f"{n} entries per side; best of {args.reps}")
+    for side in sides:
+        print(f"{side:20s} {1e6 * best[side] / n:6.3f} us/entry  bytes/entry "
+              f"{sum(map(len, recs[side])) / n:5.1f}")
+
+
+if __name__ == "__main__":
+    main()
