@@ -4,7 +4,7 @@ records of 100 entries, thread CPU time, the sides run alternately, the best of 
 
     python bench/idmp_apply.py [--batches 300] [--reps 7]
 
-Also the leader's share, per side (plain, seq, per-entry): an XAddRequest as the SDK
+Also the leader's share, per side: an XAddRequest as the SDK
 sends it parsed, turned into the batch (grpc_convert.xadd_batch: build + encode), the
 record encoded (8 requests a record), applied with its decoded Record (the leader does not
 decode its own), and the XAddResponse built and serialized (grpc_service.XAdd's loop).
@@ -54,15 +54,15 @@ def requests(side: str, batches: int) -> list:
     """The serialized XAddRequests of `batches` SDK batches (client/commands.py xadd_batch)."""
     out = []
     for b in range(batches):
+        per_entry = side == "per-entry" or (side == "per-entry-then-seq" and b < IN_FLIGHT)
         req = pb.XAddRequest(key=b"s")
         for i in range(BATCH):
-            e = req.entries.add(idempotent_id=b"%x" % (1 + b * BATCH + i)) if side == "per-entry" else \
-                req.entries.add()
+            e = req.entries.add(idempotent_id=b"%x" % (1 + b * BATCH + i)) if per_entry else req.entries.add()
             for k in range(0, len(FIELDS), 2):
                 e.fields.add(name=FIELDS[k], value=FIELDS[k + 1])
         if side != "plain":
             req.producer_id = b"p1"
-        if side == "seq":
+        if side != "plain" and not per_entry:
             req.idempotent_id_first = 1 + b * BATCH
         out.append(req.SerializeToString())
     return out
@@ -116,7 +116,7 @@ def main() -> None:
     for side in sides:
         print(f"  {side:20s} {1e6 * best[side] / n:6.3f} us/entry  bytes/entry "
               f"{sum(map(len, recs[side])) / n:5.1f}")
-    lsides = ("plain", "seq", "per-entry")
+    lsides = sides
     blobs = {side: requests(side, args.batches) for side in lsides}
     lbest = {side: float("inf") for side in lsides}
     for _ in range(args.reps):
