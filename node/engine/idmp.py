@@ -134,7 +134,8 @@ class _Runs:
     an entry failed or the ID's sequence wrapped) instead of N dict inserts and
     N evictions. Any other use of the producer (a lookup by id, a single XADD, a batch
     whose ids may be tracked already) first turns it into the dict form
-    (IdmpState._to_dict), which then stays: what is tracked, and what pairs() yields
+    (IdmpState._to_dict), until an IDMP_SEQ batch finds its pairs rising hex ids below its
+    own (IdmpState._to_runs turns it back): what is tracked, and what pairs() yields
     (so XINFO STREAM and the snapshot bytes), is the same in both forms."""
 
     __slots__ = ("runs", "total")
@@ -192,7 +193,9 @@ class IdmpState:
     def _drop(self, chunk: _Chunk, pos: int) -> bool:
         """Forget chunk.keys[pos] if it is live there; whether it was."""
         ids = self.producers.get(chunk.pid)
-        if ids is None or chunk.is_runs:      # (callers turn a live run chunk to keys first)
+        # (callers turn a live run chunk to keys first; a key chunk of a producer now in
+        # run form is dead: _to_runs took its live pairs)
+        if ids is None or chunk.is_runs or ids.__class__ is _Runs:
             return False
         key = chunk.keys[pos]
         value = ids.get(key)
@@ -271,6 +274,41 @@ class IdmpState:
             self.queued += count
         self.producers[pid] = ids
         return ids
+
+    def _to_runs(self, pid: bytes, ids: OrderedDict, first: int):
+        """Turn pid's dict into the run form (_to_dict's inverse: the same pairs in the same
+        order, each chunk's live keys written as its runs in their places in the queue) and
+        return it, if every key is a padded hex id (_seq_number) rising in the dict's order
+        and below `first`; else None, changing nothing."""
+        runs = []
+        last = None
+        end = -1                          # one past the last number: numbers must rise
+        for key, (sid, chunk, _) in ids.items():
+            num = _seq_number(key)
+            if num is None or num < end:
+                return None
+            ms, seq = sid
+            if (last is not None and last[RUN_CHUNK] is chunk and num == end
+                    and ms == last[RUN_MS] and seq == last[RUN_SEQ] + last[RUN_COUNT]):
+                last[RUN_COUNT] += 1
+            else:
+                last = [num, 1, ms, seq, chunk]
+                runs.append(last)
+            end = num + 1
+        if end > first:
+            return None
+        out = _Runs()
+        for run in runs:                  # the dict's order is the queue's: chunks in order
+            chunk = run[RUN_CHUNK]
+            if not chunk.is_runs:         # its first run: the chunk restarts as runs
+                self.queued -= len(chunk.keys)
+                chunk.keys, chunk.first, chunk.is_runs = [], 0, True
+            chunk.keys.append(run)
+            self.queued += 1
+            out.runs.append(run)
+            out.total += run[RUN_COUNT]
+        self.producers[pid] = out
+        return out
 
     def find_manual(self, ids, raw_iid: bytes, key: bytes):
         """The value `ids` (a producer's dict) holds for an IDMP id whose key
@@ -363,7 +401,16 @@ class IdmpState:
         runs = self.producers.get(pid)
         if runs is None:
             return _Runs()                # stored by end_run_batch once it holds a pair
-        if runs.__class__ is not _Runs or first < runs.end():
+        if runs.__class__ is not _Runs:
+            # A producer in the dict form (a new SDK client's first batches carry one id
+            # per entry until a server answered idempotent_id_first_ok): back to runs if
+            # its pairs are rising IDMP_SEQ ids below this batch's. The walk is bounded by
+            # what the batch's dict path would cost (or the default table), so a producer
+            # that cannot turn does not pay a long walk per batch.
+            if len(runs) > max(n, DEFAULT_MAXSIZE):
+                return None
+            return self._to_runs(pid, runs, first)
+        if first < runs.end():
             return None
         return runs
 

@@ -566,3 +566,90 @@ def test_run_form_comes_back_from_a_snapshot():
                for d in (db, db2)]
     assert replies[0] == replies[1] and replies[0][60] == replies[0][55]     # 105 resent: its first ID
     _same_table(db, db2)
+
+
+def _per_entry_many(db, pid, iids, now_ms, fields=(b"f", b"v")):
+    return xadd_many(db, b"s", [(ID_AUTO, 0, 0, list(fields))] * len(iids), now_ms, idmp_pid=pid,
+                     idmp_iids=tuple(iids))
+
+
+def _form(db, pid):
+    ids = db.get(b"s").idmp.producers[pid]
+    return "runs" if ids.__class__ is im._Runs else "dict"
+
+
+def test_dict_form_turns_back_to_runs():
+    """A new SDK client sends its first batches with one id per entry (the dict form), then
+    as first + count: the first such batch above the producer's ids turns it back into
+    runs (the same pairs, chunks and queue places), and it stays there. db2 gets the same
+    ids one per entry all along (the dict form): replies and tables are the same."""
+    db, db2 = Keyspace(), Keyspace()
+    for d in (db, db2):
+        call(d, "XADD", "s", "IDMP", "q", "x", "*", "f", "v", now_ms=1000)
+        call(d, "XCFGSET", "s", "IDMP-MAXSIZE", "7")
+    now = 1000
+    for b in range(3):                                   # per-entry batches of 3: 9 pairs, 7 kept
+        iids = [b"%x" % v for v in range(3 * b, 3 * b + 3)]
+        assert _per_entry_many(db, b"p", iids, now + b) == _per_entry_many(db2, b"p", iids, now + b)
+    assert _form(db, b"p") == "dict"
+    st = db.get(b"s").idmp
+    pairs_before = list(st.pairs())
+    assert _seq_many(db, b"p", 9, 2, 1003) == _per_entry_many(db2, b"p", [b"9", b"a"], 1003)
+    assert _form(db, b"p") == "runs"
+    # the 7 pairs before: 2..8 (5 evicted by the batch: 2..4 gone), in their chunks
+    assert [run[:4] for run in st.producers[b"p"].runs][:2] == [[4, 2, 1001, 1], [6, 3, 1002, 0]]
+    assert list(st.pairs())[:5] == pairs_before[-5:]
+    assert st.queued == sum(len(c.keys) for c in st.queue) and sum(c.live for c in st.queue) == st.tracked
+    _same_table(db, db2)
+    for i in range(20):                                  # on in run form, expiry included
+        now = 1003 + 40_000 * i
+        first = 11 + 5 * i
+        assert _seq_many(db, b"p", first, 5, now) == _per_entry_many(
+            db2, b"p", [b"%x" % v for v in range(first, first + 5)], now)
+        assert _form(db, b"p") == "runs"
+        _same_table(db, db2)
+
+
+@pytest.mark.parametrize("iids, first, why", [
+    ([b"0", b"x", b"2"], 3, "an id that is no hex number"),
+    ([b"0", b"2", b"1"], 3, "ids not rising"),
+    ([b"01", b"2"], 3, "a leading zero (not the form's rendering)"),
+    ([b"0", b"1", b"5"], 5, "the batch's first id is tracked"),
+    ([b"0", b"1", b"5"], 4, "the batch's first id below the producer's"),
+])
+def test_dict_form_stays_when_the_pairs_are_no_runs(iids, first, why):
+    """What cannot turn back keeps the dict form, and the batch answers as per-entry ids do."""
+    db, db2 = Keyspace(), Keyspace()
+    for d in (db, db2):
+        _per_entry_many(d, b"p", iids, 1000)
+    assert _seq_many(db, b"p", first, 3, 1001) == _per_entry_many(
+        db2, b"p", [b"%x" % v for v in range(first, first + 3)], 1001), why
+    assert _form(db, b"p") == "dict", why
+    _same_table(db, db2)
+
+
+def test_dict_form_too_long_to_walk_stays():
+    """A producer holding more pairs than the batch and the default IDMP-MAXSIZE is not
+    walked (the walk is bounded by the batch's own cost); a larger batch turns it."""
+    db = Keyspace()
+    call(db, "XADD", "s", "IDMP", "q", "x", "*", "f", "v", now_ms=1000)
+    call(db, "XCFGSET", "s", "IDMP-MAXSIZE", "1000")
+    _per_entry_many(db, b"p", [b"%x" % v for v in range(im.DEFAULT_MAXSIZE + 1)], 1000)
+    _seq_many(db, b"p", 500, 3, 1001)
+    assert _form(db, b"p") == "dict"
+    _seq_many(db, b"p", 600, im.DEFAULT_MAXSIZE + 4, 1002)
+    assert _form(db, b"p") == "runs"
+
+
+def test_dict_form_turns_back_with_a_break_where_the_id_sequence_wraps():
+    """Per-entry ids 7, 8, 9 added under (ms, 2**64-1), (ms + 1, 0), (ms + 1, 1): turned
+    back to runs they are two runs, each pair its own ID, as the seq form records them."""
+    big = 5_000
+    db, db2 = Keyspace(), Keyspace()
+    for d in (db, db2):
+        call(d, "XADD", "s", "%d-%d" % (big, 2**64 - 2), "f", "v")
+        _per_entry_many(d, b"p", [b"7", b"8", b"9"], 1000)
+    assert _seq_many(db, b"p", 10, 1, 1000) == _per_entry_many(db2, b"p", [b"a"], 1000)
+    assert [run[:4] for run in db.get(b"s").idmp.producers[b"p"].runs] == [
+        [7, 1, big, 2**64 - 1], [8, 2, big + 1, 0], [10, 1, big + 1, 2]]
+    _same_table(db, db2)
