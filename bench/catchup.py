@@ -2,7 +2,7 @@
 
     python bench/catchup.py [--state-mb M] [--runs R] [--json FILE] [--dir DIR] [--keep]
 
-One real 3-node cluster (fsync always, --snapshot-entries scale.SNAPSHOT_ENTRIES, like scale.py).
+One real 3-node cluster (fsync always, --snapshot-entries as scale.py's unless given).
 1 KB entries go into `bulk` until a follower's state (newest snapshot + WAL) reaches --state-mb
 (default 200 MiB), then scale.catch_up() runs R times: a follower is SIGSTOPped while the leader
 snapshots and compacts past it, then continued; MB of the snapshot it installed / seconds from
@@ -31,7 +31,7 @@ def run(args, tmp: str, out: dict) -> None:
           f"load average {out['catchup_load_avg_start']:.1f}", flush=True)
     dir_ = os.path.join(tmp, "cluster")
     try:
-        cluster = lc.up(dir_, nodes=3, fsync="always", node_args=["--snapshot-entries", str(scale.SNAPSHOT_ENTRIES)])
+        cluster = lc.up(dir_, nodes=3, fsync="always", node_args=["--snapshot-entries", str(args.snapshot_entries)])
         seeds = [n.grpc for n in cluster.nodes]
         cb.wait_leader(cluster)
         victim = scale.follower_of(cluster)
@@ -63,12 +63,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--state-mb", type=int, default=200, help="state before the catch-ups, MiB (default 200)")
     ap.add_argument("--runs", type=int, default=2, help="catch-ups (default 2)")
+    ap.add_argument("--snapshot-entries", type=int, default=scale.SNAPSHOT_ENTRIES,
+                    help=f"the nodes' --snapshot-entries (default {scale.SNAPSHOT_ENTRIES}; a smoke run: 100)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (node logs)")
     ap.add_argument("--dir", help="work directory (must not exist; default: a new temporary one)")
     args = ap.parse_args()
-    if not 16 <= args.state_mb <= 4096 or not 1 <= args.runs <= 20:
-        ap.error("--state-mb must be in [16, 4096] and --runs in [1, 20]")
+    if not 16 <= args.state_mb <= 4096 or not 1 <= args.runs <= 20 or args.snapshot_entries < 1:
+        ap.error("--state-mb must be in [16, 4096], --runs in [1, 20], --snapshot-entries >= 1")
     return cb.run_in_work_dir(args, "xraft-bench-catchup-", run)
 
 
