@@ -312,8 +312,8 @@ def _load_record(r: _Reader):
         raise CorruptDump("dump: key of %d bytes" % key_len)
     key = r.take(key_len)
     payload = r.take(r.u32())
-    record = r.buf[start:r.pos]
-    if zlib.crc32(record) != r.u32():
+    # Over a view: a slice copied the whole record (a state-sized stream) once more.
+    if zlib.crc32(memoryview(r.buf)[start:r.pos]) != r.u32():
         raise CorruptDump("dump: record checksum mismatch for key %r" % key[:64])
     codec = _BY_TAG.get(tag)
     if codec is None:

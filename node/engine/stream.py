@@ -753,35 +753,37 @@ def _load(buf) -> Stream:
     size = len(buf)
     if size < _DUMP_HEADER.size + _DUMP_CRC.size:
         raise CorruptStream("stream dump of %d bytes is too short" % size)
-    body = buf[:-_DUMP_CRC.size]
-    if zlib.crc32(body) != _DUMP_CRC.unpack_from(buf, size - _DUMP_CRC.size)[0]:
+    # The nodes are sliced from `buf` up to `body_end`, and the CRC runs over a view: a
+    # `body = buf[:-4]` copied the whole dump once more (a catch-up decodes state-sized dumps).
+    body_end = size - _DUMP_CRC.size
+    if zlib.crc32(memoryview(buf)[:body_end]) != _DUMP_CRC.unpack_from(buf, body_end)[0]:
         raise CorruptStream("stream dump CRC mismatch")
     (magic, version, length, last_ms, last_seq, first_ms, first_seq,
-     del_ms, del_seq, entries_added, nodes) = _DUMP_HEADER.unpack_from(body, 0)
+     del_ms, del_seq, entries_added, nodes) = _DUMP_HEADER.unpack_from(buf, 0)
     if magic != _DUMP_MAGIC or version != _DUMP_VERSION:
         raise CorruptStream("not a version %d stream dump" % _DUMP_VERSION)
     pos = _DUMP_HEADER.size
-    if nodes > (len(body) - pos) // (_DUMP_NODE.size + _MIN_NODE_LP):
+    if nodes > (body_end - pos) // (_DUMP_NODE.size + _MIN_NODE_LP):
         raise CorruptStream("stream dump claims %d nodes" % nodes)
     s = Stream()
     total = 0
     prev_key = None
     for _ in range(nodes):
-        if pos + _DUMP_NODE.size > len(body):
+        if pos + _DUMP_NODE.size > body_end:
             raise CorruptStream("stream dump truncated in a node header")
-        key, lp_size = _DUMP_NODE.unpack_from(body, pos)
+        key, lp_size = _DUMP_NODE.unpack_from(buf, pos)
         pos += _DUMP_NODE.size
-        if lp_size < _MIN_NODE_LP or pos + lp_size > len(body):
+        if lp_size < _MIN_NODE_LP or pos + lp_size > body_end:
             raise CorruptStream("stream node of %d bytes does not fit the dump" % lp_size)
         if prev_key is not None and key <= prev_key:
             raise CorruptStream("stream node keys not strictly increasing")
-        lp = body[pos:pos + lp_size]
+        lp = buf[pos:pos + lp_size]
         pos += lp_size
         total += _check_node_cached(key, lp)
         invariant(s.rax.insert(key, lp), "duplicate key after the order check")
         prev_key = key
-    if pos != len(body):
-        raise CorruptStream("%d trailing bytes in the stream dump" % (len(body) - pos))
+    if pos != body_end:
+        raise CorruptStream("%d trailing bytes in the stream dump" % (body_end - pos))
     if total != length:
         raise CorruptStream("stream length %d but nodes hold %d entries" % (length, total))
     if entries_added < length:

@@ -216,7 +216,8 @@ def load_stream(buf) -> Stream:
     if len(buf) < _HEADER.size + 4 + 4:
         raise CorruptStreamState("stream snapshot too short")
     body_end = len(buf) - 4
-    if zlib.crc32(buf[:body_end]) != _U32.unpack(buf[body_end:])[0]:
+    # A view, not a slice: the slice copied the whole (up to state-sized) stream once more.
+    if zlib.crc32(memoryview(buf)[:body_end]) != _U32.unpack_from(buf, body_end)[0]:
         raise CorruptStreamState("stream snapshot checksum mismatch")
     magic, version, entries_len = _HEADER.unpack_from(buf, 0)
     if magic != MAGIC or version not in READABLE_VERSIONS:

@@ -678,8 +678,7 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
         if latency_trace.ON and rd.entries:
             latency_trace.mark("persist_start", rd.entries[-1].index)
         if rd.snapshot is not None:
-            st.apply_snapshot(rd.snapshot)
-            self._prepare_restore(rd.snapshot.data)
+            self._persist_snapshot(rd.snapshot)
         st.save(rd.hard_state, rd.entries)
         synced = st.sync(self._now_ms())
         if latency_trace.ON and rd.entries:
