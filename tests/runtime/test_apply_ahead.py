@@ -126,3 +126,40 @@ def test_a_prepare_that_raises_leaves_the_whole_apply_to_the_loop(tmp_path, run)
         finally:
             await c.close()
     run(main())
+
+
+def test_a_held_read_runs_in_the_prepare_thread_and_holds_only_its_own_group(tmp_path, run):
+    """run_held (a slot move's pre-copy EXPORT): while its read runs, its group applies nothing
+    (the read sees a still state), and the node's other group still commits."""
+    gate = threading.Event()
+
+    async def main():
+        c = Cluster(tmp_path, n=1, groups=(1, 2), sm_factory=lambda: PreparingKV(gate))
+        await c.start()
+        try:
+            g1, g2 = await c.wait_leader(1), await c.wait_leader(2)
+            await g1.propose(b"before=1")
+            sm = c.sms[(1, 1)]
+            seen = []
+
+            def read():
+                seen.append(dict(sm.data))
+                in_time = gate.wait(GATE_S)
+                return threading.current_thread().name, in_time, dict(sm.data)
+            held = asyncio.ensure_future(c.g(1, 1).run_held(read))
+            await c.wait_for(lambda: seen or held.done(), GATE_S, "the held read to start")
+            during = asyncio.ensure_future(g1.propose(b"during=1"))
+            for i in range(5):
+                await g2.propose(b"other=%d" % i)
+            assert c.sms[(1, 2)].data["other"] == "4"
+            assert not held.done() and not during.done() and "during" not in sm.data
+            gate.set()
+            thread, in_time, at_end = await held
+            assert thread.startswith("xraft-prepare-") and in_time
+            assert at_end == seen[0] and "during" not in at_end
+            await during
+            assert sm.data["during"] == "1"
+        finally:
+            gate.set()
+            await c.close()
+    run(main())
