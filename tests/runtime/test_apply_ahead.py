@@ -53,16 +53,26 @@ def run():
     return _run
 
 
+async def one_node_two_groups(tmp_path, gate):
+    """(the cluster, group 1's leader, group 2's), group 1 with one entry applied."""
+    c = Cluster(tmp_path, n=1, groups=(1, 2), sm_factory=lambda: PreparingKV(gate))
+    await c.start()
+    try:
+        g1, g2 = await c.wait_leader(1), await c.wait_leader(2)
+        await g1.propose(b"before=1")
+    except BaseException:
+        await c.close()
+        raise
+    return c, g1, g2
+
+
 def test_a_held_prepare_leaves_the_loop_to_other_groups_and_applies_in_order(tmp_path, run):
     """One node with two groups: had the prepare run on the loop, group 2 could not commit."""
     gate = threading.Event()
 
     async def main():
-        c = Cluster(tmp_path, n=1, groups=(1, 2), sm_factory=lambda: PreparingKV(gate))
-        await c.start()
+        c, g1, g2 = await one_node_two_groups(tmp_path, gate)
         try:
-            g1, g2 = await c.wait_leader(1), await c.wait_leader(2)
-            await g1.propose(b"before=1")
             slow = asyncio.ensure_future(g1.propose(b"slow=1"))
             after = asyncio.ensure_future(g1.propose(b"after=1"))   # queued behind it, same group
             sm = c.sms[(1, 1)]
@@ -134,11 +144,8 @@ def test_a_held_read_runs_in_the_prepare_thread_and_holds_only_its_own_group(tmp
     gate = threading.Event()
 
     async def main():
-        c = Cluster(tmp_path, n=1, groups=(1, 2), sm_factory=lambda: PreparingKV(gate))
-        await c.start()
+        c, g1, g2 = await one_node_two_groups(tmp_path, gate)
         try:
-            g1, g2 = await c.wait_leader(1), await c.wait_leader(2)
-            await g1.propose(b"before=1")
             sm = c.sms[(1, 1)]
             seen = []
 
