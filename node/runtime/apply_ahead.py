@@ -96,6 +96,24 @@ class ApplyAhead:
         with gil_shared():
             return await self.host.loop.run_in_executor(self._prep_executor, fn)
 
+    async def run_held(self, fn: Callable[[], Any]) -> Any:
+        """fn() in the node's prepare thread while this group is held as during an fsync
+        (busy: nothing applies to its machine, its storage is untouched), for a costly read
+        of state that only this group's applies change (a slot move's pre-copy EXPORT while
+        the source still serves the slots). Only this group's commits wait for it; the loop
+        serves every other group meanwhile. Inline without a prepare thread."""
+        if self._prep_executor is None:
+            return fn()
+        while self.busy:                    # no await between the last check and busy = True
+            await self.wait_idle()
+        self.busy = True
+        try:
+            with gil_shared():
+                return await self.host.loop.run_in_executor(self._prep_executor, fn)
+        finally:
+            self._job_ended()
+            self._run_host()
+
     def _start_ahead(self) -> None:
         """The group stays busy while _apply_ahead() finishes the Ready (a job like a storage
         job); then, as a storage job's end does, a due snapshot, the job's end, a pump."""

@@ -622,18 +622,22 @@ class RaftBackend(Backend):
             await self._read_barrier()
         return self.sm.read(argv, self.stamper.clock(self.now_ms(), self._mono()))
 
-    async def read_state(self, fn, off_loop: bool = False):
+    async def read_state(self, fn, off_loop: bool = False, held: bool = False):
         """fn(the fsm) once a read index confirmed this leader and it applied up to it: a
         linearizable read of state no command reads (slot_move_steps.py: export, manifest).
         off_loop: in the node's prepare thread (GroupDriver.run_off_loop), for a costly read
         of state that no apply changes meanwhile (the keys of sealed slots). Should an apply
         change it all the same (an abort's UNSEAL, a late PURGE or PRESTAGE), fn's
-        RuntimeError / KeyError is Unavailable: the caller retries."""
+        RuntimeError / KeyError is Unavailable: the caller retries.
+        held: in the prepare thread too, for state this group's applies do change (the
+        pre-copy's live EXPORT): the group is held meanwhile (GroupDriver.run_held), so only
+        its own commits wait, not the other groups' on this node's loop."""
         self._check_open()
         await self._read_barrier()
-        if off_loop:
+        if off_loop or held:
+            run = self.driver.run_held if held else self.driver.run_off_loop
             try:
-                return await self.driver.run_off_loop(lambda: fn(self.sm))
+                return await run(lambda: fn(self.sm))
             except (RuntimeError, KeyError) as exc:   # ("changed size during iteration", a key gone)
                 raise Unavailable("the state changed under an off-loop read (%s): retry" % exc) from None
         return fn(self.sm)

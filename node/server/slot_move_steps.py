@@ -73,6 +73,7 @@ class SlotMoveRpcs:
         self.grpc_of_node = grpc_of_node          # {node id: gRPC address}
         self.failpoint = os.environ.get("XRAFT_FAILPOINT", "")
         self._done: dict = {}                     # op -> successful steps led here (failpoints)
+        self._pieces: dict = {}                   # the live EXPORT's record sent in pieces (export_chunk)
 
     async def step(self, req: pb.SlotMoveStepRequest) -> pb.SlotMoveStepResponse:
         op = req.op.upper()
@@ -127,12 +128,14 @@ class SlotMoveRpcs:
 
             def run(sm):
                 return export_chunk(sm, m, req.cursor, req.max_bytes or DEFAULT_CHUNK_BYTES, live=req.live,
-                                    have=have) + (sm.last_now_ms,)
-            # The sealed copy's records (dumping a big stream: tens of ms) in the prepare thread,
-            # so the loop serves the other groups: sealed, those keys change under no apply. Not
-            # the pre-copy's (A serves them) nor the session table's (any write changes it).
-            off = not req.live and req.cursor not in (END, KEYS_DONE)
-            chunk, nxt, done, sessions, now = await b.read_state(run, off_loop=off)
+                                    have=have, pieces=self._pieces) + (sm.last_now_ms,)
+            # The records (dumping a big stream: tens of ms) in the prepare thread, so the loop
+            # serves the other groups: the sealed copy's keys change under no apply; the
+            # pre-copy's do (A serves them), so A's group is held while they are dumped. Not
+            # the session table's (any write changes it; it is small).
+            records = req.cursor not in (END, KEYS_DONE)
+            chunk, nxt, done, sessions, now = await b.read_state(run, off_loop=records and not req.live,
+                                                                 held=records and req.live)
             return pb.SlotMoveStepResponse(chunk=chunk, next_cursor=nxt, done=done, sessions=sessions,
                                            source_now_ms=now)
         if op in ("MANIFEST", "DIGEST"):

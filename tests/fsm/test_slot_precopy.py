@@ -216,3 +216,27 @@ def test_chunks_decoded_ahead_of_their_apply_are_not_decoded_again_and_the_state
     assert staging_status(ahead, M)[3] == staging_status(plain, M)[3] == digest
     assert step(plain, "ACTIVATE", digest) == OK and step(ahead, "ACTIVATE", digest) == OK
     assert views(plain, NOW + 1000) == views(ahead, NOW + 1000) == at_a
+
+
+def test_a_record_in_pieces_is_dumped_once_so_a_write_between_pieces_does_not_tear_it():
+    """With the caller's `pieces` dict, the live export sends every piece of a big record from
+    the dump of its first piece: a write between pieces reaches B with the sealed copy's delta."""
+    a, b = group_a(), group_b()
+    fill_big(a)
+    first_dump = dump_record(BIG.encode(), a.keyspace.data[BIG.encode()])
+    cursor, pieces, held = encode_cursor(M.first, 0), {}, []
+    while cursor != END:
+        records, nxt, _, _ = export_chunk(a, M, cursor, 4096, live=True, pieces=pieces)
+        assert step(b, "PRESTAGE", cursor, nxt, records) >= 0
+        held.append(len(pieces))
+        if decode_cursor(nxt)[2]:
+            cmd(a, "XADD %s %d-1 field between" % (BIG, 9000 + len(held)))   # A changes it between pieces
+        cursor = nxt
+    assert max(held) == 1 and not pieces                 # one record at most, none once it was sent
+    assert b.moves.staging[M].base[BIG.encode()] == first_dump and precopy_status(b, M)[1] == 2
+    step(a, "SEAL")
+    have = decode_have(staged_have(b, M))
+    assert BIG.encode() in have
+    sent = sealed_copy(a, b, have)
+    assert 0 < sent < len(first_dump) // 2             # the writes between pieces came as a delta
+    assert step(b, "ACTIVATE", manifest(a, M)) == OK

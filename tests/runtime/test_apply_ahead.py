@@ -53,16 +53,26 @@ def run():
     return _run
 
 
+async def one_node_two_groups(tmp_path, gate):
+    """(the cluster, group 1's leader, group 2's), group 1 with one entry applied."""
+    c = Cluster(tmp_path, n=1, groups=(1, 2), sm_factory=lambda: PreparingKV(gate))
+    await c.start()
+    try:
+        g1, g2 = await c.wait_leader(1), await c.wait_leader(2)
+        await g1.propose(b"before=1")
+    except BaseException:
+        await c.close()
+        raise
+    return c, g1, g2
+
+
 def test_a_held_prepare_leaves_the_loop_to_other_groups_and_applies_in_order(tmp_path, run):
     """One node with two groups: had the prepare run on the loop, group 2 could not commit."""
     gate = threading.Event()
 
     async def main():
-        c = Cluster(tmp_path, n=1, groups=(1, 2), sm_factory=lambda: PreparingKV(gate))
-        await c.start()
+        c, g1, g2 = await one_node_two_groups(tmp_path, gate)
         try:
-            g1, g2 = await c.wait_leader(1), await c.wait_leader(2)
-            await g1.propose(b"before=1")
             slow = asyncio.ensure_future(g1.propose(b"slow=1"))
             after = asyncio.ensure_future(g1.propose(b"after=1"))   # queued behind it, same group
             sm = c.sms[(1, 1)]
@@ -124,5 +134,39 @@ def test_a_prepare_that_raises_leaves_the_whole_apply_to_the_loop(tmp_path, run)
                 assert c.g(n, 1).stats.prepared_off_loop == 0
                 assert c.g(n, 1).applied >= index + 1
         finally:
+            await c.close()
+    run(main())
+
+
+def test_a_held_read_runs_in_the_prepare_thread_and_holds_only_its_own_group(tmp_path, run):
+    """run_held (a slot move's pre-copy EXPORT): while its read runs, its group applies nothing
+    (the read sees a still state), and the node's other group still commits."""
+    gate = threading.Event()
+
+    async def main():
+        c, g1, g2 = await one_node_two_groups(tmp_path, gate)
+        try:
+            sm = c.sms[(1, 1)]
+            seen = []
+
+            def read():
+                seen.append(dict(sm.data))
+                in_time = gate.wait(GATE_S)
+                return threading.current_thread().name, in_time, dict(sm.data)
+            held = asyncio.ensure_future(c.g(1, 1).run_held(read))
+            await c.wait_for(lambda: seen or held.done(), GATE_S, "the held read to start")
+            during = asyncio.ensure_future(g1.propose(b"during=1"))
+            for i in range(5):
+                await g2.propose(b"other=%d" % i)
+            assert c.sms[(1, 2)].data["other"] == "4"
+            assert not held.done() and not during.done() and "during" not in sm.data
+            gate.set()
+            thread, in_time, at_end = await held
+            assert thread.startswith("xraft-prepare-") and in_time
+            assert at_end == seen[0] and "during" not in at_end
+            await during
+            assert sm.data["during"] == "1"
+        finally:
+            gate.set()
             await c.close()
     run(main())
