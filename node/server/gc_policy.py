@@ -6,15 +6,15 @@ its StreamID key, engine/groups.py), so a group holding 1M pending entries is 2M
 objects. CPython 3.11 runs a full (generation 2) collection whenever the long-lived population
 has grown by a quarter since the last one and ten generation-1 collections have passed; with the
 default thresholds (700, 10, 10) that is every ~70k net allocations. While a group reads a
-backlog (XREADGROUP of 1M entries) the collector therefore re-scans the whole PEL over and over:
-in one process, about half the apply time, and single pauses of ~0.25 s per million pending
-entries. Every replica applies the same reads, so every node stalls at once, and a pause longer
-than the election timeout would make followers campaign. (Figures: bench/README.md, "gc".)
+backlog (XREADGROUP of a million entries) the collector therefore re-scans the whole PEL over and
+over, and its pauses grow with the PEL; every replica applies the same reads, so every node stalls
+at once, and a pause longer than the election timeout would make followers campaign. (Figures:
+bench/gc_pel.py, bench/README.md "Session 12 (lead): the collector and a growing PEL".)
 
 The node's thresholds (THRESHOLDS): a young generation of 10,000 objects and a full collection
 only after 100 generation-1 collections (20M net allocations) besides CPython's own quarter
 rule. Young cycles (asyncio futures, tracebacks, closed connections) are still collected in
-generation 0/1, whose pause is bounded by 20 x 10,000 young objects (~10-15 ms); long-lived
+generation 0/1, whose pause is bounded by 20 x 10,000 young objects; long-lived
 cyclic garbage (a deleted stream's group: NACK <-> consumer) waits for the rarer full collection
 instead of being found sooner. A snapshot load runs with the collector off
 (fsm.state_machine.gc_paused) and the snapshot child disables it; this policy is for the rest.

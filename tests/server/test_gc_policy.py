@@ -3,15 +3,21 @@ growing PEL from being re-scanned by full collections, and its watch counts the 
 
 Counts, not times: which collections run is decided by allocation counts alone."""
 import gc
+import importlib.util
+import pathlib
 
 import pytest
 
-from xraft.node.engine.commands import execute
-from xraft.node.engine.keyspace import Keyspace
 from xraft.node.server import gc_policy
 from xraft.node.server.gc_policy import THRESHOLDS, GcWatch
 
 PENDING = 200_000
+
+# The measurement bench/gc_pel.py prints figures of, loaded from its file (bench/ is no package).
+_spec = importlib.util.spec_from_file_location(
+    "gc_pel", pathlib.Path(__file__).resolve().parents[2] / "bench" / "gc_pel.py")
+GC_PEL = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(GC_PEL)
 
 
 @pytest.fixture
@@ -25,29 +31,15 @@ def restore_gc():
 
 
 def _full_collections_while_a_group_reads(thresholds) -> int:
-    """Full collections while a group reads PENDING entries into its PEL (one fresh process
-    state: the stream is built with the collector off, then collected once)."""
-    db = Keyspace()
-    gc.disable()
-    for ms in range(1, PENDING // 1000 + 1):
-        for seq in range(1, 1001):
-            execute(db, [b"XADD", b"s", b"%d-%d" % (ms, seq), b"f", b"v"], ms)
-    execute(db, [b"XGROUP", b"CREATE", b"s", b"g", b"0"], ms)
-    gc.collect()
-    watch = GcWatch()
-    watch.install(thresholds)
-    gc.enable()
-    try:
-        for _ in range(PENDING // 10_000):
-            execute(db, [b"XREADGROUP", b"GROUP", b"g", b"c", b"COUNT", b"10000", b"STREAMS", b"s", b">"], ms)
-    finally:
-        watch.uninstall()
-    assert execute(db, [b"XPENDING", b"s", b"g"], ms)[0] == PENDING
-    return watch.collections[2]
+    """Full collections while a group reads PENDING entries into its PEL (bench/gc_pel.py's
+    read_backlog: the stream is built with the collector off, then collected once)."""
+    result = GC_PEL.read_backlog(PENDING, thresholds)
+    assert result["pending"] == PENDING
+    return result["full_collections"]
 
 
 def test_a_growing_pel_is_not_rescanned_by_full_collections_under_the_node_thresholds(restore_gc):
-    assert _full_collections_while_a_group_reads((700, 10, 10)) >= 3     # CPython's defaults
+    assert _full_collections_while_a_group_reads(GC_PEL.DEFAULT_THRESHOLDS) >= 3     # CPython's defaults
     assert _full_collections_while_a_group_reads(THRESHOLDS) == 0
 
 
