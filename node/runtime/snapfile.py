@@ -22,6 +22,7 @@ next older valid one, and the caller decides whether the log still connects.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -220,7 +221,10 @@ class SnapshotFiles:
         make_dir_durable(dirpath, durable)
         for name in os.listdir(dirpath):
             if name.endswith(".snap.tmp"):
-                os.unlink(os.path.join(dirpath, name))  # never renamed, so never a snapshot
+                # never renamed, so never a snapshot; a snapshot child still writing may rename
+                # it between the listing and the unlink (a reader opening a live node's dir)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(dirpath, name))
         self.skipped: list[SnapshotFileError] = []  # damaged files passed over by load_newest()
 
     def list(self) -> list[SnapshotFileInfo]:
