@@ -132,6 +132,28 @@ def proc_cpu(pid: int) -> float:
         return 0.0
 
 
+def children_cpu(pid: int) -> float:
+    """CPU seconds used so far by pid's children: the reaped ones (cutime + cstime) plus the
+    ones alive now (a node's snapshot child, forked to image its state, runs beside the node
+    and takes a core of its own while it lasts). 0 if pid is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total = (int(fields[13]) + int(fields[14])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
 RAFT_COUNTERS = ("raft_records", "raft_requests", "raft_syncs")
 
 
@@ -154,6 +176,7 @@ class CpuMeter:
         self.raft0 = raft_counters(self.leader_resp)
         self.t0 = time.perf_counter()
         self.c0 = {name: proc_cpu(pid) for name, pid in self.pids.items()}
+        self.k0 = {name: children_cpu(pid) for name, pid in self.pids.items()}
         self.self0 = time.process_time()
         return self
 
@@ -161,6 +184,9 @@ class CpuMeter:
         wall = time.perf_counter() - self.t0
         self.pct = {name: 100 * (proc_cpu(pid) - self.c0[name]) / wall for name, pid in self.pids.items()}
         self.pct["client"] = 100 * (time.process_time() - self.self0) / wall
+        # A child reaped inside the block moves from "alive" to cutime with all its CPU, so the
+        # difference is still what it used inside the block.
+        self.children_pct = {name: 100 * (children_cpu(pid) - self.k0[name]) / wall for name, pid in self.pids.items()}
         self.raft = None
         raft1 = raft_counters(self.leader_resp)
         if self.raft0 and raft1:
@@ -171,6 +197,9 @@ class CpuMeter:
 
     def line(self) -> str:
         text = "CPU % of a core: " + ", ".join(f"{k} {v:.0f}" for k, v in self.pct.items())
+        busy = {k: v for k, v in self.children_pct.items() if v >= 0.5}
+        if busy:
+            text += " (+ their children, i.e. snapshot images: " + ", ".join(f"{k} {v:.0f}" for k, v in busy.items()) + ")"
         if self.raft:
             text += "; leader: {:.1f} requests/record, {:.1f} records/sync, {:.0f} syncs/s".format(*self.raft)
             text += "; term %d" % self.terms[1] if self.terms[0] == self.terms[1] else \

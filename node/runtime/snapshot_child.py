@@ -11,7 +11,7 @@ directory fsync, WAL marker: DiskStorage.adopt_snapshot) as a short storage job.
     parent (loop thread)                 child
     plan = storage.plan_snapshot(...)
     fork() ------------------------------> signals to defaults, dies with the parent (prctl),
-    goes on; a thread waits on the pipe    gc off; data = make(); tmp = plan.write(data)
+    goes on; a thread waits on the pipe    gc off, nice 19; data = make(); tmp = plan.write(data)
                                            writes RESULT (magic, data length) to the pipe,
     <-------------------------------------  _exit(0) (no atexit, no flush of inherited buffers)
     result checked (exit status 0, a whole RESULT); then adopt_snapshot(plan, tmp, length)
@@ -44,6 +44,11 @@ RESULT = struct.Struct(">8sQ")              # magic, data length
 RESULT_MAGIC = b"XRSNAPOK"
 TEST_ENV = "XRAFT_TEST_SNAPSHOT_CHILD"
 KILL_WAIT_S = 2.0                           # kill() waits at most this long for the child to die
+# The child's CPU priority (nice increment). Every replica of a group reaches the same snapshot
+# index at about the same time, so on a machine with fewer cores than nodes three children
+# would take the cores from the nodes' loops; niced, they use what the loops leave (bench/README.md,
+# session 13: XADD into a 10M-entry stream while three images ran).
+CHILD_NICE = 19
 _PR_SET_PDEATHSIG = 1
 _CHILD_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
 
@@ -164,6 +169,7 @@ def _child(parent: int, r: int, w: int, make: Callable[[], bytes], write: Callab
         if os.getppid() != parent:                   # the parent died before prctl took
             os._exit(1)
         gc.disable()                                 # a collection would touch (copy) every page
+        os.nice(CHILD_NICE)                          # the loops first: CHILD_NICE
         test = os.environ.get(TEST_ENV, "")
         if test == "fail":
             os._exit(1)

@@ -91,6 +91,32 @@ def test_a_group_closed_while_its_child_images_kills_the_child(tmp_path, run, mo
     run(main())
 
 
+def _nice(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])       # field 19: nice
+
+
+def test_the_child_runs_niced_below_its_node(tmp_path, run, monkeypatch):
+    """Every replica images at about the same index: the children must not take the cores
+    from the nodes' loops (CHILD_NICE)."""
+    monkeypatch.setenv(snapshot_child.TEST_ENV, "sleep:60")
+
+    async def main():
+        c = await Cluster(tmp_path, snapshot_entries=10).start()
+        before = _children()
+        try:
+            leader = await c.wait_leader()
+            for i in range(15):
+                await leader.propose(b"k%d=v" % i, 10)
+            want = min(19, _nice(os.getpid()) + snapshot_child.CHILD_NICE)
+            # Waited for, not read once: a child just forked has not reached os.nice() yet.
+            await c.wait_for(lambda: (kids := _children() - before) and all(_nice(p) == want for p in kids),
+                             what="snapshot children, every one niced")
+        finally:
+            await c.close()
+    run(main())
+
+
 def test_failing_children_fall_back_to_images_made_in_process(tmp_path, run, monkeypatch):
     monkeypatch.setenv(snapshot_child.TEST_ENV, "fail")
 
