@@ -304,11 +304,16 @@ def run(args, tmp: str, out: dict) -> None:
                    scale_rss_bytes_per_entry_by_node=per_node)
         _, snap = state_bytes(next(x for x in cluster.nodes if x.id == leader["id"]).data_dir)
         out["snapshot_bytes_per_entry_10m"] = snap / (loaded + out["xadd_per_s_empty"] * s)
+        held = lc.raft_info(leader["resp"], timeout=5.0) or {}           # the storage's caches (INFO raft)
+        out["scale_leader_log_cache_bytes"] = int(held.get("raft_log_cache_bytes", 0))
+        out["scale_leader_snapshot_cache_bytes"] = int(held.get("raft_snapshot_cache_bytes", 0))
         print(f"loaded {loaded:,} entries in {load_s:.1f} s ({loaded / load_s:,.0f}/s)   [{m.line()}]")
         print(f"bytes_per_entry_10m (leader RSS delta): {out['bytes_per_entry_10m']:.2f} vs redis used_memory "
               f"{out['redis_bytes_per_entry_10m']:.2f} ({out['bytes_per_entry_10m'] / out['redis_bytes_per_entry_10m']:.2f}x;"
               f" target <= 1.0x; every node: {', '.join(f'{v:.1f}' for v in per_node.values())}); leader RSS {rss1 / 2**20:,.0f} MiB; newest snapshot {snap / 2**20:,.1f} MiB "
-              f"({out['snapshot_bytes_per_entry_10m']:.2f} bytes/entry)", flush=True)
+              f"({out['snapshot_bytes_per_entry_10m']:.2f} bytes/entry); the leader's storage holds "
+              f"{out['scale_leader_log_cache_bytes'] / 2**20:,.1f} MiB of log entries and "
+              f"{out['scale_leader_snapshot_cache_bytes'] / 2**20:,.1f} MiB of snapshot in memory", flush=True)
 
         t = time.perf_counter()
         big_ids = uvloop.run(make_pending(seeds, "big", "g", pending))

@@ -360,6 +360,12 @@ class DiskStorage:
     def hard_state(self) -> HardState:
         return self._hs
 
+    def memory_held(self) -> tuple[int, int]:
+        """(log entry bytes held decoded in the cache, snapshot data bytes kept in memory): the
+        storage's share of the node's memory (INFO raft), bounded by cache_bytes and
+        snapshot_cache_bytes. Entries count at their encoded size."""
+        return self._cache_bytes, len(self._snap_data) if self._snap_data is not None else 0
+
     def first_index(self) -> int:
         return self._off + 1
 

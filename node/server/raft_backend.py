@@ -607,6 +607,8 @@ class RaftBackend(Backend):
             "raft_snapshots_installed": d.stats.snapshots_installed,
             "raft_snapshots_in_child": d.stats.snapshots_in_child,
             "raft_snapshot_child_failures": d.stats.snapshot_child_failures,
+            "raft_log_cache_bytes": d.storage.memory_held()[0],
+            "raft_snapshot_cache_bytes": d.storage.memory_held()[1],
             "raft_time_clamped": self.stamper.clamped,
             "raft_time_capped": self.stamper.capped,
             "raft_failed": st.failed or "",

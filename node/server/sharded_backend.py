@@ -437,9 +437,13 @@ class ShardedBackend(Backend):
             "raft_groups_quiesced": sum(1 for b in self.groups.values()
                                         if b.driver is not None and b.driver.rn.quiesced),
             "raft_slot_map_epoch": self.slot_map.epoch,
+            "raft_log_cache_bytes": 0,          # the storage's memory, summed over hosted groups
+            "raft_snapshot_cache_bytes": 0,
         }
         for gid, b in self.groups.items():
             i = b.raft_info()
+            for k in ("raft_log_cache_bytes", "raft_snapshot_cache_bytes"):
+                out[k] += i.get(k, 0)
             out["raft_group%d" % gid] = ",".join("%s=%s" % kv for kv in (
                 ("role", i.get("raft_role", "follower")), ("leader_id", i.get("raft_leader_id", 0)),
                 ("term", i.get("raft_term", 0)), ("commit_index", i.get("raft_commit_index", 0)),

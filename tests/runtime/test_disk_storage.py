@@ -336,3 +336,21 @@ def test_matches_memory_storage(program):
         disk.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_memory_held_counts_the_cache_within_its_bound_and_a_kept_snapshot(tmp_path):
+    """INFO raft's raft_log_cache_bytes / raft_snapshot_cache_bytes: what the storage holds in memory."""
+    opts = DiskStorageOptions(wal=WalOptions(segment_bytes=4096), cache_bytes=2000, snapshot_cache_bytes=100)
+    st = DiskStorage.open(str(tmp_path), opts)
+    assert st.memory_held() == (0, 0)
+    held = []
+    for i in range(1, 61):
+        st.save(HardState(1, 1, i - 1), [Entry(1, i, data=bytes(100))])
+        st.sync()
+        held.append(st.memory_held()[0])
+    assert 0 < max(held) <= 2000 and held[-1] >= 1800     # filled to its bound, never past it
+    st.create_snapshot(50, CS, b"s" * 60, keep_entries=5)
+    assert st.memory_held()[1] == 60                       # small enough: kept
+    st.create_snapshot(55, CS, b"s" * 101, keep_entries=5)
+    assert st.memory_held()[1] == 0                        # too big: re-read from its file
+    st.close()
