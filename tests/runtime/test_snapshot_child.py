@@ -6,6 +6,7 @@ waiting (XRAFT_TEST_SNAPSHOT_CHILD=wait:PATH) so "while" is a fact, not a race; 
 commit meanwhile, and the image is the state as of the fork: a follower restarted from it
 converges with the others (KV's hash chain travels in the snapshot).
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,19 +72,29 @@ def test_the_leader_commits_while_its_child_images_and_the_image_is_the_state_at
     run(main())
 
 
+@contextlib.asynccontextmanager
+async def _imaging(tmp_path):
+    """A 3-node cluster (snapshot every 10 entries) whose proposals passed a snapshot point, with
+    a child held imaging (the caller sets TEST_ENV): yields (cluster, the children before it);
+    the cluster is closed on the way out."""
+    c = await Cluster(tmp_path, snapshot_entries=10).start()
+    before = _children()
+    try:
+        leader = await c.wait_leader()
+        for i in range(15):
+            await leader.propose(b"k%d=v" % i, 10)
+        await c.wait_for(lambda: _children() - before, what="a snapshot child")
+        yield c, before
+    finally:
+        await c.close()
+
+
 def test_a_group_closed_while_its_child_images_kills_the_child(tmp_path, run, monkeypatch):
     monkeypatch.setenv(snapshot_child.TEST_ENV, "sleep:60")
 
     async def main():
-        c = await Cluster(tmp_path, snapshot_entries=10).start()
-        before = _children()
-        try:
-            leader = await c.wait_leader()
-            for i in range(15):
-                await leader.propose(b"k%d=v" % i, 10)
-            await c.wait_for(lambda: _children() - before, what="a snapshot child")
-        finally:
-            await c.close()
+        async with _imaging(tmp_path) as (c, before):
+            pass
         await c.wait_for(lambda: not (_children() - before), 10, "the children killed")
         for n in c.ids:
             snap_dir = tmp_path / f"n{n}" / "g1" / "snap"
@@ -102,18 +113,11 @@ def test_the_child_runs_niced_below_its_node(tmp_path, run, monkeypatch):
     monkeypatch.setenv(snapshot_child.TEST_ENV, "sleep:60")
 
     async def main():
-        c = await Cluster(tmp_path, snapshot_entries=10).start()
-        before = _children()
-        try:
-            leader = await c.wait_leader()
-            for i in range(15):
-                await leader.propose(b"k%d=v" % i, 10)
+        async with _imaging(tmp_path) as (c, before):
             want = min(19, _nice(os.getpid()) + snapshot_child.CHILD_NICE)
             # Waited for, not read once: a child just forked has not reached os.nice() yet.
             await c.wait_for(lambda: (kids := _children() - before) and all(_nice(p) == want for p in kids),
                              what="snapshot children, every one niced")
-        finally:
-            await c.close()
     run(main())
 
 
