@@ -199,7 +199,8 @@ class CpuMeter:
         text = "CPU % of a core: " + ", ".join(f"{k} {v:.0f}" for k, v in self.pct.items())
         busy = {k: v for k, v in self.children_pct.items() if v >= 0.5}
         if busy:
-            text += " (+ their children, i.e. snapshot images: " + ", ".join(f"{k} {v:.0f}" for k, v in busy.items()) + ")"
+            text += " (+ their children, i.e. snapshot images: " + \
+                ", ".join(f"{k} {v:.0f}" for k, v in busy.items()) + ")"
         if self.raft:
             text += "; leader: {:.1f} requests/record, {:.1f} records/sync, {:.0f} syncs/s".format(*self.raft)
             text += "; term %d" % self.terms[1] if self.terms[0] == self.terms[1] else \
@@ -392,14 +393,15 @@ def batch_rounds(seeds, seconds: float, rounds: int, pids: dict, leader_resp: st
     """Phase 1, plain and IDMP: `rounds` rounds of seconds / rounds each, the two kinds
     alternating and the order flipping every round (plain first, then IDMP first, ...), so a
     swing of the machine or the cluster's growing state hits both alike (one pair run back to
-    back swung more than the difference measured: bench/README.md, session 13). Returns ((plain entries/s, CpuMeter line of its last round), (IDMP, line))."""
+    back swung more than the difference measured: bench/README.md, session 13).
+    Returns ((plain entries/s, CpuMeter line of its last round), (IDMP entries/s, line))."""
     done = {False: 0.0, True: 0.0}
     lines = {}
     for r in range(rounds):
         for idempotent in ((False, True) if r % 2 == 0 else (True, False)):
+            key = ("idmp",) if idempotent else ("batch",)
             with CpuMeter(pids, leader_resp) as m:
-                done[idempotent] += uvloop.run(sdk_batch(seeds, seconds / rounds, ("idmp",) if idempotent else ("batch",),
-                                                         idempotent=idempotent)) / rounds
+                done[idempotent] += uvloop.run(sdk_batch(seeds, seconds / rounds, key, idempotent=idempotent)) / rounds
             lines[idempotent] = m.line()
     return (done[False], lines[False]), (done[True], lines[True])
 
