@@ -79,6 +79,7 @@ class _Codec:
 
 _BY_CLASS: dict = {}
 _BY_TAG: dict = {}
+_CHECKS: dict = {}      # tag -> a lighter check for check_records (raises as the tag's load does)
 
 
 def register_codec(cls: type, tag: int, dump_fn, load_fn) -> None:
@@ -100,6 +101,7 @@ def _ensure_stream_codec() -> None:
     except ImportError:
         return
     register_codec(stream_codec.Stream, TAG_STREAM, stream_codec.dump_stream, stream_codec.load_stream)
+    _CHECKS[TAG_STREAM] = stream_codec.check_stream_entries
 
 
 # -- strings and lists -----------------------------------------------------------
@@ -239,6 +241,25 @@ def load_records(buf) -> list:
     return out
 
 
+def check_records(buf) -> list:
+    """[(key, record bytes)] of concatenated `dump_record`s, checked as load_records checks
+    them, except that a stream's groups, PELs and idmp state are not loaded (its checksums
+    and entries are checked): a slot move's pre-copy, which every replica of the target
+    checks at once, and whose records are loaded in full later, from the sealed copy (the
+    groups' load is most of a big stream's: its PEL). CorruptDump on any damage found."""
+    if not isinstance(buf, (bytes, bytearray, memoryview)):
+        raise CorruptDump("records are not bytes")
+    buf = bytes(buf)
+    _ensure_stream_codec()
+    r = _Reader(buf, 0, len(buf), "records")
+    out = []
+    while r.left():
+        start = r.pos
+        key, _ = _load_record(r, light=True)
+        out.append((key, buf[start:r.pos]))
+    return out
+
+
 def load_keyspace(buf) -> Keyspace:
     """The keyspace `dump_keyspace` wrote; CorruptDump on anything else."""
     if not isinstance(buf, (bytes, bytearray, memoryview)):
@@ -304,7 +325,9 @@ def _load_config(r: _Reader, nfields: int, config: EngineConfig) -> None:
         setattr(config, text, value)
 
 
-def _load_record(r: _Reader):
+def _load_record(r: _Reader, light: bool = False):
+    """(key, value) of the record at r; with `light`, (key, None) if the record's tag has a
+    lighter check (_CHECKS) and it passes."""
     start = r.pos
     tag = r.u8()
     key_len = r.u32()
@@ -318,7 +341,11 @@ def _load_record(r: _Reader):
     codec = _BY_TAG.get(tag)
     if codec is None:
         raise CorruptDump("dump: unknown type tag %d for key %r" % (tag, key[:64]))
+    check = _CHECKS.get(tag) if light else None
     try:
+        if check is not None:
+            check(payload)
+            return key, None
         value = codec.load(payload)
     except CorruptDump:
         raise
