@@ -228,17 +228,7 @@ def dump_record(key: bytes, value) -> bytes:
 def load_records(buf) -> list:
     """[(key, value, record bytes)] of concatenated `dump_record`s (a move's chunk);
     CorruptDump, and nothing, on any damage. Keys must be distinct; order is the caller's."""
-    if not isinstance(buf, (bytes, bytearray, memoryview)):
-        raise CorruptDump("records are not bytes")
-    buf = bytes(buf)
-    _ensure_stream_codec()
-    r = _Reader(buf, 0, len(buf), "records")
-    out = []
-    while r.left():
-        start = r.pos
-        key, value = _load_record(r)
-        out.append((key, value, buf[start:r.pos]))
-    return out
+    return _records(buf, False)
 
 
 def check_records(buf) -> list:
@@ -247,6 +237,10 @@ def check_records(buf) -> list:
     and entries are checked): a slot move's pre-copy, which every replica of the target
     checks at once, and whose records are loaded in full later, from the sealed copy (the
     groups' load is most of a big stream's: its PEL). CorruptDump on any damage found."""
+    return [(key, raw) for key, _, raw in _records(buf, True)]
+
+
+def _records(buf, light: bool) -> list:
     if not isinstance(buf, (bytes, bytearray, memoryview)):
         raise CorruptDump("records are not bytes")
     buf = bytes(buf)
@@ -255,8 +249,8 @@ def check_records(buf) -> list:
     out = []
     while r.left():
         start = r.pos
-        key, _ = _load_record(r, light=True)
-        out.append((key, buf[start:r.pos]))
+        key, value = _load_record(r, light)
+        out.append((key, value, buf[start:r.pos]))
     return out
 
 
