@@ -36,3 +36,27 @@ def test_off_unless_the_variable_names_a_directory(monkeypatch):
     async def main():
         return loop_stalls.start(asyncio.get_running_loop(), 7)
     assert asyncio.run(main()) is None
+
+
+def test_a_collection_during_a_stall_is_named_with_its_generation_and_thread(tmp_path, monkeypatch):
+    """The collector holds the GIL on whichever thread allocated: the report says it ran."""
+    import gc
+    monkeypatch.setenv(loop_stalls.ENV, str(tmp_path))
+
+    async def main():
+        w = loop_stalls.start(asyncio.get_running_loop(), 8)
+        try:
+            await asyncio.sleep(0.05)
+            time.sleep(0.1)
+            gc.collect(1)                         # inside the stall, on the loop thread
+            time.sleep(0.1)
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if w.stalls:
+                    break
+        finally:
+            w.stop()
+        assert w._on_gc not in gc.callbacks
+    asyncio.run(main())
+    report = (tmp_path / "stalls-8.txt").read_text()
+    assert "gc gen1 " in report and " in loop" in report
