@@ -44,14 +44,7 @@ STEP_TIMEOUT_S = 30.0                     # one step, retries included
 RPC_TIMEOUT_S = 10.0                      # one attempt
 RETRY_S = (0.02, 0.5)                     # backoff bounds between attempts
 DEFAULT_CHUNK_BYTES = 1 << 20
-# The pre-copy's pieces, and a pause between them. Every replica of B writes, syncs and
-# applies each piece at once, and A's leader cuts it; a multi-MB piece was one burst of CPU
-# and disk on every node of this machine that other groups' writes waited behind
-# (bench/README.md, session 13). A record in pieces no longer tears (it is dumped once,
-# export_chunk's `pieces`), and the pre-copy does not freeze the slot, so it can take its
-# time: the whole move has 5 s, and it took under 1 s.
-PRECOPY_CHUNK_BYTES = 512 << 10
-PRECOPY_GAP_S = 0.02
+PRECOPY_CHUNK_BYTES = 4 << 20            # bigger pieces tear less often while A serves
 _WRITES = {"SEAL", "UNSEAL", "STAGE", "DROP_STAGING", "ACTIVATE", "RELEASE", "PURGE", "PRESTAGE"}
 _READS = {"EXPORT", "MANIFEST", "STAGING", "DIGEST", "HAVE"}
 _PRECOPY_MISMATCH = "does not fit the pre-copy"     # the fsm's text for a DELTA B cannot apply
@@ -316,12 +309,11 @@ class MoveSteps:
         return END, staged
 
     async def precopy(self, source_group: int, target_group: int, first: int, last: int, started_epoch: int,
-                      progress=None, max_bytes: int = PRECOPY_CHUNK_BYTES, gap_s: float = PRECOPY_GAP_S) -> int:
+                      progress=None, max_bytes: int = PRECOPY_CHUNK_BYTES) -> int:
         """Export at A while it still serves -> PRESTAGE at B, until every key was offered
         once; the keys B pre-copied. Resumes from B's pre-copy cursor; does nothing once B's
         pre-copy is complete or its sealed copy began. Best effort: the sealed copy (copy)
-        sends every key again, big streams as deltas against what this pass left at B.
-        `gap_s`: the pause between two pieces (PRECOPY_GAP_S)."""
+        sends every key again, big streams as deltas against what this pass left at B."""
         m = MoveId(first, last, started_epoch)
         max_bytes = max(1, min(max_bytes, MAX_CHUNK_BYTES))
         r = await self._call("STAGING", target_group, m)
@@ -339,8 +331,6 @@ class MoveSteps:
             cursor = exp.next_cursor
             if progress is not None:
                 progress(cursor, count)
-            if gap_s > 0 and cursor != END:
-                await asyncio.sleep(gap_s)
         return count
 
     async def verify(self, source_group: int, target_group: int, first: int, last: int,
