@@ -132,6 +132,9 @@ def run_phase(seeds: list, quick: bool, out: dict) -> None:
     out["slot_move_other_group_wait_ms"] = round(probes[1].longest_in(move_t0, move_t1), 1)
     out["no_move_other_group_wait_ms"] = round(probes[1].longest_in(move_t0 - window_s, move_t0), 1)
     out["no_move_window_s"] = round(window_s, 2)
+    # perf_counter is CLOCK_MONOTONIC on Linux, the clock of XRAFT_STALL_TRACE's reports
+    # (node/server/loop_stalls.py): which stalls fell inside the move.
+    out["move_window_monotonic_s"] = [round(move_t0, 3), round(move_t1, 3)]
     print(f"slot move ({entries:,} entries, {pending:,} pending) group {source} -> {target}: "
           f"{result['move_s']:.2f} s (target <= 5 s); writes to the slot waited at most "
           f"{out['slot_move_write_wait_ms']:.0f} ms (target <= 1000; frozen {result['write_wait_ms']} ms in the map), "

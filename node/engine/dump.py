@@ -79,6 +79,7 @@ class _Codec:
 
 _BY_CLASS: dict = {}
 _BY_TAG: dict = {}
+_CHECKS: dict = {}      # tag -> a lighter check for check_records (raises as the tag's load does)
 
 
 def register_codec(cls: type, tag: int, dump_fn, load_fn) -> None:
@@ -100,6 +101,7 @@ def _ensure_stream_codec() -> None:
     except ImportError:
         return
     register_codec(stream_codec.Stream, TAG_STREAM, stream_codec.dump_stream, stream_codec.load_stream)
+    _CHECKS[TAG_STREAM] = stream_codec.check_stream_entries
 
 
 # -- strings and lists -----------------------------------------------------------
@@ -226,6 +228,19 @@ def dump_record(key: bytes, value) -> bytes:
 def load_records(buf) -> list:
     """[(key, value, record bytes)] of concatenated `dump_record`s (a move's chunk);
     CorruptDump, and nothing, on any damage. Keys must be distinct; order is the caller's."""
+    return _records(buf, False)
+
+
+def check_records(buf) -> list:
+    """[(key, record bytes)] of concatenated `dump_record`s, checked as load_records checks
+    them, except that a stream's groups, PELs and idmp state are not loaded (its checksums
+    and entries are checked): a slot move's pre-copy, which every replica of the target
+    checks at once, and whose records are loaded in full later, from the sealed copy (the
+    groups' load is most of a big stream's: its PEL). CorruptDump on any damage found."""
+    return [(key, raw) for key, _, raw in _records(buf, True)]
+
+
+def _records(buf, light: bool) -> list:
     if not isinstance(buf, (bytes, bytearray, memoryview)):
         raise CorruptDump("records are not bytes")
     buf = bytes(buf)
@@ -234,7 +249,7 @@ def load_records(buf) -> list:
     out = []
     while r.left():
         start = r.pos
-        key, value = _load_record(r)
+        key, value = _load_record(r, light)
         out.append((key, value, buf[start:r.pos]))
     return out
 
@@ -304,7 +319,9 @@ def _load_config(r: _Reader, nfields: int, config: EngineConfig) -> None:
         setattr(config, text, value)
 
 
-def _load_record(r: _Reader):
+def _load_record(r: _Reader, light: bool = False):
+    """(key, value) of the record at r; with `light`, (key, None) if the record's tag has a
+    lighter check (_CHECKS) and it passes."""
     start = r.pos
     tag = r.u8()
     key_len = r.u32()
@@ -318,7 +335,11 @@ def _load_record(r: _Reader):
     codec = _BY_TAG.get(tag)
     if codec is None:
         raise CorruptDump("dump: unknown type tag %d for key %r" % (tag, key[:64]))
+    check = _CHECKS.get(tag) if light else None
     try:
+        if check is not None:
+            check(payload)
+            return key, None
         value = codec.load(payload)
     except CorruptDump:
         raise

@@ -210,27 +210,7 @@ class _Reader:
 
 def load_stream(buf) -> Stream:
     """The stream `dump_stream` wrote; CorruptStreamState on anything else."""
-    if not isinstance(buf, (bytes, bytearray, memoryview)):
-        raise CorruptStreamState("stream snapshot is not bytes")
-    buf = bytes(buf)
-    if len(buf) < _HEADER.size + 4 + 4:
-        raise CorruptStreamState("stream snapshot too short")
-    body_end = len(buf) - 4
-    # A view, not a slice: the slice copied the whole (up to state-sized) stream once more.
-    if zlib.crc32(memoryview(buf)[:body_end]) != _U32.unpack_from(buf, body_end)[0]:
-        raise CorruptStreamState("stream snapshot checksum mismatch")
-    magic, version, entries_len = _HEADER.unpack_from(buf, 0)
-    if magic != MAGIC or version not in READABLE_VERSIONS:
-        raise CorruptStreamState("not a stream snapshot (magic/version)")
-    reader = _Reader(buf, _HEADER.size, body_end)
-    entries = reader.take(entries_len)
-    try:
-        stream = Stream.load_entries(entries)
-    except CorruptStreamState:
-        raise
-    except (ValueError, IndexError, KeyError, struct.error) as e:
-        raise CorruptStreamState(f"stream snapshot: bad entries: {e}") from e
-
+    stream, reader, version = _load_entries(buf)
     ngroups = reader.u32()
     if ngroups != NO_GROUPS:
         if ngroups > MAX_GROUPS or ngroups * 36 > reader.end - reader.pos:
@@ -254,6 +234,39 @@ def load_stream(buf) -> Stream:
         raise CorruptStreamState("stream snapshot: trailing bytes")
     g.check_groups(stream)
     return stream
+
+
+def check_stream_entries(buf) -> None:
+    """The checks of load_stream up to its entries (both checksums, the header, every node,
+    which also fills stream.py's cache of checked nodes), not its groups, PELs or idmp
+    state: for a slot move's pre-copy, whose records are loaded in full only from the
+    sealed copy (fsm/slot_move_apply.py "_prestage"). CorruptStreamState if they fail."""
+    _load_entries(buf)
+
+
+def _load_entries(buf) -> tuple:
+    """(the stream of buf's entries, a reader at the section after them, the version)."""
+    if not isinstance(buf, (bytes, bytearray, memoryview)):
+        raise CorruptStreamState("stream snapshot is not bytes")
+    buf = bytes(buf)
+    if len(buf) < _HEADER.size + 4 + 4:
+        raise CorruptStreamState("stream snapshot too short")
+    body_end = len(buf) - 4
+    # A view, not a slice: the slice copied the whole (up to state-sized) stream once more.
+    if zlib.crc32(memoryview(buf)[:body_end]) != _U32.unpack_from(buf, body_end)[0]:
+        raise CorruptStreamState("stream snapshot checksum mismatch")
+    magic, version, entries_len = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC or version not in READABLE_VERSIONS:
+        raise CorruptStreamState("not a stream snapshot (magic/version)")
+    reader = _Reader(buf, _HEADER.size, body_end)
+    entries = reader.take(entries_len)
+    try:
+        stream = Stream.load_entries(entries)
+    except CorruptStreamState:
+        raise
+    except (ValueError, IndexError, KeyError, struct.error) as e:
+        raise CorruptStreamState(f"stream snapshot: bad entries: {e}") from e
+    return stream, reader, version
 
 
 def _load_idmp(reader: _Reader, version: int):

@@ -4,7 +4,7 @@ integer, or MoveRefused (nothing changed). Deterministic: reads only the fsm sta
 """
 from __future__ import annotations
 
-from ..engine.dump import CorruptDump, load_records
+from ..engine.dump import CorruptDump, check_records, load_records
 from ..engine.stream_delta import DELTA_TAG, DeltaMismatch, apply_delta, split_record
 from ..engine.replies import OK
 from ..engine.slots import SLOT_COUNT
@@ -242,8 +242,9 @@ def _prestage(sm, m, phase, argv, index, now):
         if len(st.pre_partial) + len(chunk) != piece:
             return MoveRefused(m, "bad pre-copy chunk for move %s: a piece that does not end at its cursor" % m)
     else:
-        # Checked as STAGE checks records (which also warms the engine's cache of checked
-        # stream nodes, so the sealed copy and ACTIVATE meet these nodes again for free).
+        # Checked as STAGE checks records, but for a stream's groups and PELs (_load_prestage;
+        # it also warms the engine's cache of checked stream nodes, so the sealed copy and
+        # ACTIVATE meet these nodes again for free).
         data = st.pre_partial + chunk
         recs = _take_prepared(sm, index, None, 0, data)
         if recs is None:
@@ -297,10 +298,13 @@ def _resolve_deltas(base, chunk: bytes) -> bytes:
 
 
 def _load_prestage(data: bytes):
-    """PRESTAGE's decode of a chunk: [(key, record)], or the CorruptDump (returned, so a
-    decode run ahead of the apply hands it over as a value)."""
+    """PRESTAGE's check of a chunk: [(key, record)], or the CorruptDump (returned, so a
+    check run ahead of the apply hands it over as a value). A stream's groups and PELs are
+    not loaded (check_records): nothing serves the pre-copy's base; the sealed copy's
+    records are loaded in full (and a DELTA's rebuilt record with them). Every replica of
+    B checks the same chunk at once on a 3-node machine: the PEL's load was most of it."""
     try:
-        return [(key, raw) for key, _, raw in load_records(data)]
+        return check_records(data)
     except CorruptDump as e:
         return e
 

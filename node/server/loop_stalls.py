@@ -10,13 +10,18 @@ DIR/stalls-<node id>.txt:
       <count>x  file:line function <- file:line caller <- ...   (innermost first)
 
 A sample needs the GIL, so a stall inside one long C call shows the frames around it; a
-stall in Python code is sampled about every switch interval. Bounded: at most MAX_STALLS
+stall in Python code is sampled about every switch interval. The collector is such a call,
+on whichever thread allocated (a prepare thread's decode, too: it holds the GIL throughout),
+so each report also lists the cyclic collections that overlapped the stall:
+
+      gc gen<g> <ms> ms in <loop|another thread> Bounded: at most MAX_STALLS
 reports per process, MAX_SAMPLES samples per stall, DEPTH frames per sample.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import os
 import sys
 import threading
@@ -49,13 +54,30 @@ class StallWatch:
         self._stop = threading.Event()
         self._loop_thread = threading.get_ident()
         self._thread = threading.Thread(target=self._watch, name="xraft-stall-watch", daemon=True)
+        self._gcs: collections.deque = collections.deque(maxlen=256)   # (start, end, generation, on loop)
+        self._gc_start = 0.0
 
     def start(self) -> None:
         self.loop.call_soon(self._on_beat)
+        gc.callbacks.append(self._on_gc)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        # Inside the collector, on the thread that allocated: arithmetic only.
+        if phase == "start":
+            self._gc_start = time.monotonic()
+        else:
+            self._gcs.append((self._gc_start, time.monotonic(), info.get("generation", -1),
+                              threading.get_ident() == self._loop_thread))
+
+    def _collections(self, began: float, ended: float) -> list:
+        return ["  gc gen%d %.1f ms in %s\n" % (g, (e - s) * 1e3, "loop" if on_loop else "another thread")
+                for s, e, g, on_loop in list(self._gcs) if s < ended and e > began]
 
     def _on_beat(self) -> None:
         self._beat = time.monotonic()
@@ -74,10 +96,12 @@ class StallWatch:
                     samples[_stack(frame)] += 1
                 del frame
                 time.sleep(TICK_S)
-            ms = (time.monotonic() - began) * 1e3
+            ended = time.monotonic()
+            ms = (ended - began) * 1e3
             self.stalls += 1
             lines = ["stall %.1f ms at %.3f (%d samples)\n" % (ms, began, sum(samples.values()))]
             lines += ["  %dx  %s\n" % (n, s) for s, n in samples.most_common(4)]
+            lines += self._collections(began, ended)
             with open(self.path, "a") as fh:
                 fh.write("".join(lines))
 
