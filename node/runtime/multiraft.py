@@ -39,7 +39,9 @@ stream write here, a read, a Ready and an answer on the follower, another read
 here. send() therefore holds such an append (the latest per peer and group) for
 commit_hold_s; _flush() drops a held one that a later append of the same group
 to the same peer supersedes (same term, starting at or after its index, commit
-at least as large: the follower learns the same and answers for more);
+at least as large: the follower learns the same and answers for more), and
+send() one that a heartbeat supersedes (same term, commit at least as large: a
+quiesce heartbeat must not be followed by it, which would wake the group again);
 whatever is not superseded goes out when the hold ends. Dropping one is no
 different from the network losing it, which Raft tolerates; holding it delays
 only the followers' apply (stale follower reads), never an acknowledgement,
@@ -296,6 +298,8 @@ class MultiRaft:
     def send(self, group_id: int, m: Message) -> None:
         # A data group's Raft ids are replica ids (cluster/slot_map.py): the node is their low bits.
         peer = node_of_replica(m.to)
+        if m.type == MessageType.HEARTBEAT and self._held:
+            self._heartbeat_supersedes(peer, group_id, m)
         if m.type == MessageType.APP and not m.entries and self.options.commit_hold_s:
             held = self._held.get(peer)
             if held is None:
@@ -461,6 +465,19 @@ class MultiRaft:
                 self.stats.commits_superseded += 1
         if not held:
             del self._held[peer]
+
+    def _heartbeat_supersedes(self, peer: int, group_id: int, m: Message) -> None:
+        """A heartbeat carries the commit too: a held commit-only append of the same group and
+        term with no larger commit tells the follower nothing more. Sent after it, it would
+        wake a follower that the heartbeat (a quiesce heartbeat) has just put to sleep, which
+        wakes the leader too: the whole group's heartbeat round again, for nothing."""
+        held = self._held.get(peer)
+        h = held.get(group_id) if held is not None else None
+        if h is not None and h.term == m.term and h.commit <= m.commit:
+            del held[group_id]
+            self.stats.commits_superseded += 1
+            if not held:
+                del self._held[peer]
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, {}

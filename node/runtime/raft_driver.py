@@ -96,6 +96,10 @@ from .snapfile import snapshot_bytes
 
 log = logging.getLogger("xraft.driver")
 
+# A deposed leader's proposals wait this many election timeouts (in ticks) for their entries'
+# fate before they end UnknownOutcome (GroupDriver._check_leadership).
+ORPHAN_WAIT_ELECTIONS = 2
+
 
 # The public surface (errors, protocols, options, status) lives in driver_api.py.
 from .driver_api import (  # noqa: F401  (re-exported)
@@ -174,6 +178,9 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
         self._queue: deque[Proposal] = deque()  # not yet given to the core
         self._pending: dict[int, Proposal] = {}  # index -> proposal appended in _lead_term
         self._lead_term = 0
+        # Proposals of a lost leadership wait this many more ticks for their fate (_check_leadership).
+        self._orphaned_term = 0
+        self._orphan_ticks = 0
         self._inflight = 0  # Invariant: == len(_queue) + len(_pending)
         self._reads = ReadIndexQueue(group_id, options.max_pending_reads)  # linearizable reads
         self._unsynced_commit_saves = 0
@@ -360,6 +367,8 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
             n, self.pending_ticks = self.pending_ticks, 0
             for _ in range(n):
                 rn.tick()
+            if n and self._orphan_ticks:
+                self._count_orphan_ticks(n)
             if n and self._reads.in_round:
                 self._reads.prune()
             if self._unreachable:
@@ -510,8 +519,9 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
                 latency_trace.mark("propose", last)
             for i, p in enumerate(run):
                 index = last - len(run) + 1 + i
-                invariant(index not in self._pending and log_.term(index) == r.term,
-                          "a proposal lands at a fresh index of the leader's term")
+                if index in self._pending:   # a lost leadership's proposal, cut from our log
+                    self._end_orphan(index)
+                invariant(log_.term(index) == r.term, "a proposal lands at an index of the leader's term")
                 p.state, p.term, p.index = PROPOSED, r.term, index
                 self._pending[index] = p
             n += len(run)
@@ -527,13 +537,43 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
         invariant(self._inflight >= 0, "in-flight proposal accounting")
 
     def _check_leadership(self) -> None:
-        """Entries appended in a term we no longer lead may or may not commit: say so now,
-        so callers can retry elsewhere instead of waiting for a deadline."""
+        """Entries appended in a term we no longer lead may or may not commit. This replica
+        learns which as it applies their indexes: the successor's log reaches it within a
+        round trip or two (a transfer's successor holds every one of them). So they are
+        settled by _apply (their result if the entry at their index is theirs, else
+        ProposalDropped: it can never apply), and only those still unsettled after
+        ORPHAN_WAIT_ELECTIONS election timeouts of ticks (this replica cut off) end
+        UnknownOutcome; callers then retry elsewhere instead of waiting for a deadline."""
         r = self.rn.raft
-        if self._pending and (r.state != StateRole.LEADER or r.term != self._lead_term):
-            self._fail_pending(f"leadership lost (now term {r.term}, leader {r.lead or 'unknown'})")
+        if self._pending and (r.state != StateRole.LEADER or r.term != self._lead_term) \
+                and self._orphaned_term != self._lead_term:
+            self._orphaned_term = self._lead_term
+            self._orphan_ticks = ORPHAN_WAIT_ELECTIONS * self.options.election_tick
         if self._reads.in_round:
             self._reads.fail_stale(r.term, r.lead)
+
+    def _end_orphan(self, index: int) -> None:
+        """Our new log reuses the index of a lost leadership's proposal, whose entry was
+        truncated from it: another replica may still hold (and commit) it."""
+        p = self._pending.pop(index)
+        invariant(p.term != self.rn.raft.term, "a proposal of this term at a reused index")
+        self._done(p)
+        settle(p.fut, exc=UnknownOutcome(self.group_id, "its index was reused", p.term, p.index))
+
+    def _count_orphan_ticks(self, n: int) -> None:
+        """n ticks passed: past the wait, the proposals of a lost leadership end UnknownOutcome."""
+        self._orphan_ticks -= n
+        if self._orphan_ticks > 0:
+            return
+        self._orphan_ticks = 0
+        r = self.rn.raft
+        current = r.term if r.state == StateRole.LEADER else None
+        reason = f"leadership lost (now term {r.term}, leader {r.lead or 'unknown'})"
+        for index, p in list(self._pending.items()):
+            if p.term != current:
+                del self._pending[index]
+                self._done(p)
+                settle(p.fut, exc=UnknownOutcome(self.group_id, reason, p.term, p.index))
 
     def _fail_pending(self, reason: str) -> None:
         pending, self._pending = self._pending, {}

@@ -140,6 +140,10 @@ class LocalNetwork:
         if self._nodes.get(t.node_id) is t:
             del self._nodes[t.node_id]
 
+    def in_flight(self) -> int:
+        """Batches accepted and not yet delivered (or dropped at arrival), over every link."""
+        return sum(self._inflight.values())
+
     def link_stats(self, a: int, b: int) -> LinkStats:
         st = self.stats.get((a, b))
         if st is None:

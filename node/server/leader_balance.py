@@ -23,7 +23,9 @@ preferred leader clears the override; a restart forgets it.
 Never fighting: the preferred node, once leader, never transfers (it is where the
 group belongs), and a preferred node that keeps failing is retried at most once
 per cooldown. A transfer costs the group about one round trip without a leader
-(writes in flight meanwhile end UNKNOWN_OUTCOME, as in any leader change).
+(writes arriving meanwhile are refused unproposed, retriable; those already in the log are on the
+target, caught up before it campaigns, and end with their result once it commits
+them: raft_driver._check_leadership).
 """
 from __future__ import annotations
 

@@ -69,6 +69,7 @@ whatever this replica has applied, leader or not.
 Errors (backend.py's typed ones; the driver's are mapped, never leaked):
     driver NotLeader        -> NotLeader(leader's RESP address)     nothing proposed
     driver ProposalDropped  -> Unavailable(reason)                  did not and will not apply
+                               (NotLeader if this node was deposed meanwhile)
     driver UnknownOutcome   -> UnknownOutcome                       may or may not apply
     driver ReadFailed       -> NotLeader if we lost leadership, else Unavailable
 
@@ -77,7 +78,8 @@ SoftStateChange), called from inside its pump the moment the core's role,
 leader or term moves (or the group fail-stops): nothing is polled. On a change
 the role listeners run (the RESP server fails its blocked clients with a
 redirect), unproposed writes are failed with NotLeader, and the proposals
-already in the log are failed by the driver itself with UnknownOutcome. The
+already in the log are settled by the driver as this replica learns their
+fate (applied, or dropped), else UnknownOutcome (raft_driver._check_leadership). The
 hook also reports entries this leader appended (counted for INFO). Work that
 may not run inside the driver's pump (the warm-up's ReadIndex) is started from
 the hook as a task.
@@ -787,8 +789,10 @@ class RaftBackend(Backend):
         elif isinstance(exc, drv.NotLeader):
             self._fail_group(group, self._not_leader(exc.leader_id))
         elif isinstance(exc, drv.ProposalDropped):
-            self._fail_group(group, Unavailable("shutting down" if self._closed else
-                                                "write not proposed: %s" % exc.reason))
+            # Never applied. Deposed meanwhile (another leader's entry took its index): the
+            # write belongs at the leader, like one that arrives here now.
+            self._fail_group(group, Unavailable("shutting down") if self._closed else self._not_leader()
+                             if not self.is_leader() else Unavailable("write not proposed: %s" % exc.reason))
         elif isinstance(exc, drv.UnknownOutcome):
             self._fail_group(group, UnknownOutcome())
         else:

@@ -53,7 +53,7 @@ from .backend import BackendError
 from .cluster_cmds import command_keys
 from .info import SERVER_COMMANDS
 from .resp import RespProtocolError, encode_error
-from .routing import CrossSlot, common_slot, redirect_slot
+from .routing import CrossSlot, common_slot, error_reply_text, redirect_slot
 
 MAX_BATCH_COMMANDS = 1024        # commands in one submission (entry.MAX_REQUESTS is far above)
 MAX_BATCH_BYTES = 1 << 20        # request bytes in one submission (a record may hold 8 MB by default)
@@ -155,10 +155,10 @@ async def run_writes(client, first: PlainWrite) -> list:
                 try:
                     results.append((await backend.submit([_request_of(w)]))[0])
                 except (EngineError, BackendError) as e:
-                    results.append(EngineError(e.message))
+                    results.append(EngineError(error_reply_text(e)))
         replies = [client.encode(r) for r in results]
     except (EngineError, BackendError) as e:
-        replies = [encode_error(e.message)] * len(batch)
+        replies = [encode_error(error_reply_text(e))] * len(batch)
     stats = client.server.request_stats
     if stats is not None:
         elapsed = time.perf_counter() - t0

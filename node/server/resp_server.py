@@ -78,7 +78,7 @@ from .node_config import PARSERS as NODE_SETTINGS, apply_node_settings
 from .resp_pipeline import plain_write, run_writes
 from .resp import (DEFAULT_MAX_MULTIBULK_LEN, DEFAULT_PROTO_MAX_BULK_LEN, DEFAULT_QUERY_BUFFER_LIMIT,
                    RespParser, RespProtocolError, encode_error, encode_reply)
-from .routing import CrossSlot, common_slot, follower_read_allowed, redirect, redirect_slot, \
+from .routing import CrossSlot, common_slot, error_reply_text, follower_read_allowed, redirect, redirect_slot, \
     transaction_slot
 from .wire_errors import noauth_message, not_leader_message, unavailable_message
 
@@ -347,7 +347,7 @@ class Client(MeteredReading, asyncio.BufferedProtocol):
         except EngineError as e:
             return encode_error(e.message)
         except BackendError as e:
-            return encode_error(e.message)
+            return encode_error(error_reply_text(e))
         except WaiterClosed:
             self._abandon = True
             return b""

@@ -32,6 +32,7 @@ from ..engine.command_keys import command_keys
 from ..engine.commands import lookup
 from ..engine.errors import CommandError, EngineError
 from ..engine.slots import key_slot
+from .backend import NotLeader
 from .wire_errors import cluster_down_message, cross_slot_message, moved_message
 
 
@@ -96,3 +97,15 @@ def transaction_slot(queued) -> Optional[int]:
             continue                      # CONFIG SET and the like: no keys
         keys += command_keys(spec, argv)
     return common_slot(keys)
+
+
+def error_reply_text(exc) -> str:
+    """The RESP error text of a backend error. A NotLeader of a keyed request (ShardedBackend
+    names its slot) means leadership moved after routing sent the request here, and nothing
+    was applied: it is answered as routing would answer now, -MOVED to the leader (or
+    -CLUSTERDOWN while none is known), which redis cluster clients follow; a bare
+    -NOTLEADER is an error to them."""
+    slot = getattr(exc, "slot", None)
+    if isinstance(exc, NotLeader) and slot is not None:
+        return moved_message(slot, exc.leader_address) if exc.leader_address else cluster_down_message()
+    return exc.message

@@ -53,8 +53,9 @@ _ROWS = (
     WireError("LOADING", "UNAVAILABLE", "LOADING", True),
     # Raft: this node is not the leader (the message names the leader when known).
     WireError("NOTLEADER", "FAILED_PRECONDITION", "NOT_LEADER", True),
-    # Raft: the write was proposed but its fate is unknown (leadership lost,
-    # deadline passed after proposing). Retrying blindly may apply it twice.
+    # Raft: the write was proposed but its fate is unknown (leadership lost and the
+    # deposed leader did not learn the fate within its wait, deadline passed after
+    # proposing). Retrying blindly may apply it twice.
     WireError("UNKNOWNOUTCOME", "UNKNOWN", "UNKNOWN_OUTCOME", False),
     # Sessions (fsm/sessions.py): the client id has no session (expired after
     # its timeout of replicated time, or never registered). The attempt changed

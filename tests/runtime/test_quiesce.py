@@ -21,13 +21,22 @@ def all_quiesced(c, gids):
     return all(c.g(n, gid).rn.quiesced for n in c.nodes for gid in gids)
 
 
+def all_delivered(c):
+    """No message in flight between the nodes."""
+    return c.net.in_flight() == 0
+
+
 def test_idle_groups_quiesce_send_only_node_liveness_and_wake_for_writes(tmp_path, run):
     async def main():
         c = Cluster(tmp_path, groups=GROUPS, tick=0.02, quiesce=True)
         await c.start()
         try:
             leaders = await wait_all_leaders(c, GROUPS)
-            await c.wait_for(lambda: all_quiesced(c, GROUPS), 20, "every replica of every group quiesced")
+            # Quiesced, and every message sent delivered: a follower is asleep as it answers the
+            # quiesce heartbeat, and the answer, still on its way, would be stepped (a pump,
+            # no message) by its leader inside the window below (2 pumps: 2782 == 2780).
+            await c.wait_for(lambda: all_quiesced(c, GROUPS) and all_delivered(c), 20,
+                             "every replica of every group quiesced, every message delivered")
             ticks0 = {n: mr.stats.ticks for n, mr in c.nodes.items()}
             msgs0 = {n: mr.stats.messages_sent for n, mr in c.nodes.items()}
             pumps0 = sum(mr.stats.pumps for mr in c.nodes.values())
@@ -50,6 +59,33 @@ def test_idle_groups_quiesce_send_only_node_liveness_and_wake_for_writes(tmp_pat
                 await c.wait_converged(gid)
             await c.wait_for(lambda: all_quiesced(c, GROUPS), 20, "every group quiesced again")
             assert await wait_all_leaders(c, GROUPS) == leaders
+        finally:
+            await c.close()
+    run(main())
+
+
+def test_a_held_commit_does_not_wake_a_group_its_quiesce_heartbeat_put_to_sleep(tmp_path, run):
+    """The commit of a group's last write goes to the followers in a commit-only append that
+    MultiRaft holds (commit_hold_s, here longer than a heartbeat interval); the quiesce
+    heartbeat carries that commit too. Released after it, the append woke the followers it
+    had just put to sleep, whose answers woke the leader: a group round and, in the test
+    above, 2 messages of a follower node beyond node liveness (2782 == 2780)."""
+    async def main():
+        c = Cluster(tmp_path, groups=(1,), tick=0.02, quiesce=True, mr_kw={"commit_hold_s": 0.1})
+        await c.start()
+        try:
+            leaders = await wait_all_leaders(c, (1,))
+            await c.wait_for(lambda: all_quiesced(c, (1,)), 20, "the group quiesced")
+            await c.g(leaders[1], 1).propose(b"k=1", 10)
+            await c.wait_for(lambda: all_quiesced(c, (1,)), 20, "the group quiesced again")
+            msgs0 = {n: mr.stats.messages_sent for n, mr in c.nodes.items()}
+            live0 = {n: mr.liveness.sent for n, mr in c.nodes.items()}
+            pumps0 = sum(mr.stats.pumps for mr in c.nodes.values())
+            await asyncio.sleep(0.3)                   # the hold (0.1 s) ends meanwhile
+            assert sum(mr.stats.pumps for mr in c.nodes.values()) == pumps0   # nothing woke it
+            for n, mr in c.nodes.items():
+                assert mr.stats.messages_sent - msgs0[n] == mr.liveness.sent - live0[n], n
+            assert c.nodes[leaders[1]].stats.commits_superseded > 0
         finally:
             await c.close()
     run(main())

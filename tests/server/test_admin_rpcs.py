@@ -45,6 +45,10 @@ def test_transfer_records_the_override_and_waits_for_the_target(tmp_path, run):
             leader = await c.writable_leader()
             target = next(n for n in IDS if n not in (leader.raft_id, 3))   # not the map's choice
             bystander = next(n for n in IDS if n not in (leader.raft_id, target))
+            # A leader is writable once ONE follower has its first entry: the other may not
+            # have heard from it yet (it would rightly answer "no leader known").
+            await c.wait_for(lambda: all(c.b[n].leader_id() == leader.raft_id for n in IDS),
+                             "every replica to know the leader")
             for follower in (bystander, target):            # as the SDK does: followers first
                 with pytest.raises(NotLeader) as ei:
                     await rpcs[follower].transfer_leader(req(1, target), None)

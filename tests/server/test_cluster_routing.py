@@ -219,3 +219,31 @@ def test_grpc_cross_slot_and_moved_with_the_slot():
                                                                    b"%d" % key_slot(here.encode())]))
                 assert reply.reply.integer == 1
     run(body)
+
+
+class DeposedBackend(SplitBackend):
+    """Routes its slots here, but its group has just lost leadership: every write fails as a
+    ShardedBackend's does then (NotLeader naming the new leader, and the slot; nothing applied)."""
+
+    async def submit(self, requests):
+        from xraft.node.server.backend import NotLeader
+        exc = NotLeader(self.peer)
+        exc.slot = self.first
+        raise exc
+
+
+def test_a_write_whose_leader_moved_after_routing_is_moved_not_refused():
+    """Leadership moved between routing and the write (nothing applied): the reply is the
+    redirect routing would give now, -MOVED (-CLUSTERDOWN without a leader), which redis
+    cluster clients follow; a bare -NOTLEADER is an error to them. Plain and pipelined."""
+    a = ServerThread(lambda: DeposedBackend(0, HALF - 1, peer="127.0.0.1:7009"))
+    try:
+        here = key_in(0, HALF - 1)
+        moved = b"-MOVED 0 127.0.0.1:7009\r\n"
+        data, _ = raw_exchange(a.port, ("XADD %s * f v\r\nSET %s 1\r\nSET %s 2\r\n" % (here, here, here)).encode())
+        assert data == moved * 3
+        a.call(setattr, a.backend, "peer", None)
+        data, _ = raw_exchange(a.port, ("SET %s 1\r\n" % here).encode())
+        assert data == b"-CLUSTERDOWN The cluster is down\r\n"
+    finally:
+        a.stop()
