@@ -395,6 +395,8 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
                 self._reads.issue(rn)
             if rn.has_ready():
                 self._handle_ready(rn.ready())
+            if self._orphan_ticks and rn.quiesced:
+                self._end_orphans_beyond_log()
             if self._flush_wanted and not self.busy:
                 self._flush_wanted = False
                 if self.storage.fsync_deferred:
@@ -559,6 +561,21 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
         invariant(p.term != self.rn.raft.term, "a proposal of this term at a reused index")
         self._done(p)
         settle(p.fut, exc=UnknownOutcome(self.group_id, "its index was reused", p.term, p.index))
+
+    def _end_orphans_beyond_log(self) -> None:
+        """Quiesced: no tick will come to end the wait, and this replica's log is the leader's,
+        all committed. A lost leadership's proposal at an index within it is settled when that
+        index applies; one beyond it has no entry here to wait for: UnknownOutcome now (what
+        the wait would end in), not at its deadline."""
+        last = self.rn.raft.raft_log.last_index()
+        for index, p in list(self._pending.items()):
+            if index > last and p.term != self.rn.raft.term:
+                del self._pending[index]
+                self._done(p)
+                settle(p.fut, exc=UnknownOutcome(self.group_id, "leadership lost; the group went quiet without "
+                                                 "its entry", p.term, p.index))
+        if not any(p.term != self.rn.raft.term for p in self._pending.values()):
+            self._orphan_ticks = 0
 
     def _count_orphan_ticks(self, n: int) -> None:
         """n ticks passed: past the wait, the proposals of a lost leadership end UnknownOutcome."""

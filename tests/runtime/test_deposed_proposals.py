@@ -11,13 +11,13 @@ import asyncio
 import pytest
 
 from xraft.node.raft.types import Message, MessageType as MT
-from xraft.node.runtime.raft_driver import ProposalDropped
+from xraft.node.runtime.raft_driver import ProposalDropped, UnknownOutcome
 from tests.runtime.test_driver import Cluster
 from tests.runtime.test_multiraft import run  # noqa: F401 (the fixture)
 
 
-async def _handed_over_with_a_pending_proposal(c, followers_get_it: bool):
-    """(old leader, its proposal's future, the new leader, the old leader's stepped-down flag)."""
+async def _handed_over_with_a_pending_proposal(c, followers_get_it: bool, count: int = 1):
+    """(old leader, its proposal's future (a list of `count` futures if count > 1), the new leader)."""
     old = await c.wait_leader()
     await old.propose(b"before=1", 5)
     await c.wait_converged()
@@ -27,16 +27,17 @@ async def _handed_over_with_a_pending_proposal(c, followers_get_it: bool):
         if not followers_get_it:
             c.net.cut(old.node_id, n)
     before = old.rn.raft.raft_log.last_index()
-    pending = asyncio.ensure_future(old.propose(b"x=1", 30))
+    futures = [asyncio.ensure_future(old.propose(b"x%d=1" % i if i else b"x=1", 30)) for i in range(count)]
+    pending = futures[0] if count == 1 else futures
     target = c.g(others[0])
     if followers_get_it:
-        await c.wait_for(lambda: all(c.g(n).rn.raft.raft_log.last_index() > before for n in others),
+        await c.wait_for(lambda: all(c.g(n).rn.raft.raft_log.last_index() >= before + count for n in others),
                          10, "the followers to append the proposal")
     term = old.rn.raft.term
     c.nodes[target.node_id].deliver(old.node_id, [(1, Message(MT.TIMEOUT_NOW, to=target.node_id,
                                                               frm=old.node_id, term=term))])
     await c.wait_for(target.is_leader, 10, "the transfer target elected")
-    assert not pending.done()                         # it has heard of nothing yet
+    assert not any(f.done() for f in futures)         # it has heard of nothing yet
     c.net.heal()                                      # the successor's appends depose it
     return old, pending, target
 
@@ -65,6 +66,27 @@ def test_a_deposed_leaders_proposal_its_successor_overwrote_is_dropped(tmp_path,
             assert "committed with term" in ei.value.reason
             await c.wait_converged()
             assert all("x" not in c.sms[(n, 1)].data for n in c.ids)
+        finally:
+            await c.close()
+    run(main())
+
+
+def test_a_deposed_leaders_proposals_beyond_its_successors_log_end_when_the_group_quiesces(tmp_path, run):
+    """Proposals past the index its successor's first entry took are in nobody's log: no apply
+    will settle them, and a quiesced group has no ticks to end the wait. They end UnknownOutcome
+    when the group goes quiet, not at their 30 s deadline; the one whose index was taken,
+    ProposalDropped."""
+    async def main():
+        c = await Cluster(tmp_path, quiesce=True).start()
+        try:
+            old, pending, new = await _handed_over_with_a_pending_proposal(c, followers_get_it=False, count=3)
+            with pytest.raises(ProposalDropped):
+                await asyncio.wait_for(pending[0], 10)
+            for f in pending[1:]:
+                with pytest.raises(UnknownOutcome):
+                    await asyncio.wait_for(f, 10)
+            assert c.g(old.node_id).rn.quiesced
+            assert all(k == "before" for n in c.ids for k in c.sms[(n, 1)].data)
         finally:
             await c.close()
     run(main())
