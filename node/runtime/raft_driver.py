@@ -557,24 +557,24 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
     def _end_orphan(self, index: int) -> None:
         """Our new log reuses the index of a lost leadership's proposal, whose entry was
         truncated from it: another replica may still hold (and commit) it."""
+        invariant(self._pending[index].term != self.rn.raft.term, "a proposal of this term at a reused index")
+        self._end_unknown(index, "its index was reused")
+
+    def _end_unknown(self, index: int, reason: str) -> None:
+        """Proposal `index` leaves _pending with UnknownOutcome: it may or may not apply."""
         p = self._pending.pop(index)
-        invariant(p.term != self.rn.raft.term, "a proposal of this term at a reused index")
         self._done(p)
-        settle(p.fut, exc=UnknownOutcome(self.group_id, "its index was reused", p.term, p.index))
+        settle(p.fut, exc=UnknownOutcome(self.group_id, reason, p.term, p.index))
 
     def _end_orphans_beyond_log(self) -> None:
         """Quiesced: no tick will come to end the wait, and this replica's log is the leader's,
         all committed. A lost leadership's proposal at an index within it is settled when that
         index applies; one beyond it has no entry here to wait for: UnknownOutcome now (what
         the wait would end in), not at its deadline."""
-        last = self.rn.raft.raft_log.last_index()
-        for index, p in list(self._pending.items()):
-            if index > last and p.term != self.rn.raft.term:
-                del self._pending[index]
-                self._done(p)
-                settle(p.fut, exc=UnknownOutcome(self.group_id, "leadership lost; the group went quiet without "
-                                                 "its entry", p.term, p.index))
-        if not any(p.term != self.rn.raft.term for p in self._pending.values()):
+        last, term = self.rn.raft.raft_log.last_index(), self.rn.raft.term
+        for index in [i for i, p in self._pending.items() if i > last and p.term != term]:
+            self._end_unknown(index, "leadership lost; the group went quiet without its entry")
+        if all(p.term == term for p in self._pending.values()):
             self._orphan_ticks = 0
 
     def _count_orphan_ticks(self, n: int) -> None:
@@ -586,11 +586,8 @@ class GroupDriver(apply_ahead.ApplyAhead, driver_snapshots.Snapshots):
         r = self.rn.raft
         current = r.term if r.state == StateRole.LEADER else None
         reason = f"leadership lost (now term {r.term}, leader {r.lead or 'unknown'})"
-        for index, p in list(self._pending.items()):
-            if p.term != current:
-                del self._pending[index]
-                self._done(p)
-                settle(p.fut, exc=UnknownOutcome(self.group_id, reason, p.term, p.index))
+        for index in [i for i, p in self._pending.items() if p.term != current]:
+            self._end_unknown(index, reason)
 
     def _fail_pending(self, reason: str) -> None:
         pending, self._pending = self._pending, {}

@@ -791,8 +791,12 @@ class RaftBackend(Backend):
         elif isinstance(exc, drv.ProposalDropped):
             # Never applied. Deposed meanwhile (another leader's entry took its index): the
             # write belongs at the leader, like one that arrives here now.
-            self._fail_group(group, Unavailable("shutting down") if self._closed else self._not_leader()
-                             if not self.is_leader() else Unavailable("write not proposed: %s" % exc.reason))
+            if self._closed:
+                self._fail_group(group, Unavailable("shutting down"))
+            elif not self.is_leader():
+                self._fail_group(group, self._not_leader())
+            else:
+                self._fail_group(group, Unavailable("write not proposed: %s" % exc.reason))
         elif isinstance(exc, drv.UnknownOutcome):
             self._fail_group(group, UnknownOutcome())
         else:
