@@ -1,5 +1,5 @@
 """Smoke test of bench/profile_targets.py: one short phase under py-spy runs end to end and splits
-every process's CPU into areas that add up, the leader's including the engine's apply.
+every process's CPU into areas that add up, the nodes' including the engine's apply.
 
 Only that the profiler works is checked, never a figure: timings on a shared machine are not test
 material (bench/README.md has them)."""
@@ -34,4 +34,7 @@ def test_one_profiled_phase_splits_every_process(tmp_path):
     for name, proc in phase["processes"].items():
         assert proc["samples"] > 0, f"{name}: no running samples\n{text}"
         assert abs(sum(a["share"] for a in proc["areas"].values()) - 1.0) < 1e-6, name
-    assert phase["processes"][leaders[0]]["areas"].get("engine apply", {}).get("share", 0) > 0, text
+    # Some node's samples land in the engine's apply. Not "the leader's": at 25 Hz for 2 s it has
+    # ~20 running samples, and apply is ~15 % of its CPU (a followers' is ~40 %).
+    assert any(proc["areas"].get("engine apply", {}).get("share", 0) > 0
+               for name, proc in phase["processes"].items() if name != "client"), text
