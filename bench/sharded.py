@@ -14,7 +14,9 @@ processes' entries over the same wall-clock window).
 
 Printed per measurement: entries/s, CPU % of a core of each node and of the
 clients, node CPU per entry (steadier than wall rates on a shared machine),
-the load average. Keys: `xadd_batch100_entries_per_s` and
+the load average, and Raft records per second with the batches packed into each
+(INFO raft raft_records / raft_requests, summed over the nodes): the rounds the
+clusters pay for the same entries. Keys: `xadd_batch100_entries_per_s` and
 `sharded_xadd_batch100_entries_per_s` (medians over the rounds), their ratio
 `sharded_vs_one_group` (issue 10's target: >= 1.5).
 
@@ -107,14 +109,31 @@ def run_clients(seeds: list, keys: tuple, seconds: float, clients: int, in_fligh
 
 # ----------------------------------------------------------------------------- the run
 
+def leader_counters(cluster) -> tuple:
+    """(records proposed, requests packed into them), summed over every node's INFO raft."""
+    import redis
+    records = requests = 0
+    for n in cluster.nodes:
+        info = redis.Redis(port=int(n.resp.rsplit(":", 1)[1])).info("raft")
+        records += int(info.get("raft_records", 0))
+        requests += int(info.get("raft_requests", 0))
+    return records, requests
+
+
 def measure(cb, name: str, cluster, keys: tuple, args) -> dict:
     pids = {f"node{n.id}": n.pid for n in cluster.nodes}
     load0 = cb.load_avg()
+    records0, requests0 = leader_counters(cluster)
     t0 = time.perf_counter()
     with cb.CpuMeter(pids) as m:
         rate, client_cpu = run_clients([n.grpc for n in cluster.nodes], keys, args.seconds, args.clients,
                                        args.in_flight)
     wall = time.perf_counter() - t0
+    records1, requests1 = leader_counters(cluster)
+    # Batches per Raft record: what one round of the group (its fsyncs, peer messages, Readies)
+    # is shared by. One group gathers the batches in flight into few records; six groups get
+    # ~1/6 of them each and mostly one per record, so they pay a round per batch.
+    per_record = (requests1 - requests0) / max(1, records1 - records0)
     nodes_pct = {k: v for k, v in m.pct.items() if k != "client"}
     # The meter's window also covers the clients' start-up and warm-up, whose node CPU is
     # charged to the measured window's entries: an upper bound of node CPU per entry, the
@@ -123,10 +142,12 @@ def measure(cb, name: str, cluster, keys: tuple, args) -> dict:
     row = {"name": name, "entries_per_s": rate, "load_avg": load0,
            "node_cpu_pct": {k: round(v) for k, v in nodes_pct.items()},
            "client_cpu_pct": round(100 * client_cpu / wall),
-           "node_cpu_us_per_entry_upper": round(node_cpu_s / max(1, rate * args.seconds) * 1e6, 1)}
+           "node_cpu_us_per_entry_upper": round(node_cpu_s / max(1, rate * args.seconds) * 1e6, 1),
+           "raft_records_per_s": round((records1 - records0) / wall), "batches_per_record": round(per_record, 2)}
     print(f"{name:>8}: {rate:>9,.0f} entries/s  load {load0:.1f}  nodes CPU % "
           + " ".join(f"{v:.0f}" for v in nodes_pct.values())
-          + f"  clients CPU % {row['client_cpu_pct']}  node CPU/entry <= {row['node_cpu_us_per_entry_upper']} us",
+          + f"  clients CPU % {row['client_cpu_pct']}  node CPU/entry <= {row['node_cpu_us_per_entry_upper']} us"
+          + f"  Raft records {row['raft_records_per_s']}/s, {per_record:.2f} batches each",
           flush=True)
     return row
 

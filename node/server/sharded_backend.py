@@ -439,6 +439,8 @@ class ShardedBackend(Backend):
             "raft_slot_map_epoch": self.slot_map.epoch,
             "raft_log_cache_bytes": 0,          # the storage's memory, summed over hosted groups
             "raft_snapshot_cache_bytes": 0,
+            "raft_records": 0,                  # records this node proposed as a leader, and the
+            "raft_requests": 0,                 # requests packed into them, summed over groups
         }
         host = next((b.driver.host for b in self.groups.values() if b.driver is not None), None)
         if host is not None:
@@ -448,7 +450,7 @@ class ShardedBackend(Backend):
                 out["raft_loop_" + name] = value
         for gid, b in self.groups.items():
             i = b.raft_info()
-            for k in ("raft_log_cache_bytes", "raft_snapshot_cache_bytes"):
+            for k in ("raft_log_cache_bytes", "raft_snapshot_cache_bytes", "raft_records", "raft_requests"):
                 out[k] += i.get(k, 0)
             out["raft_group%d" % gid] = ",".join("%s=%s" % kv for kv in (
                 ("role", i.get("raft_role", "follower")), ("leader_id", i.get("raft_leader_id", 0)),

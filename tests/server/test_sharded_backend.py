@@ -165,6 +165,9 @@ def test_register_watch_index_and_shards_follow_the_groups(tmp_path, run):
         assert info["raft_loop_iterations"] > 0 and info["raft_loop_pumps"] > 0
         assert info["raft_loop_iterations"] <= n.mr.stats.iterations
         assert "raft_loop_commits_held" in info and "raft_loop_messages_sent" in info
+        # Records proposed as a leader and the requests in them, summed over the groups led here.
+        assert info["raft_records"] == sum(b.records for b in n.groups.values()) > 0
+        assert info["raft_requests"] == sum(b.requests for b in n.groups.values()) >= info["raft_records"]
     run_on_node(tmp_path, run, main)
 
 
