@@ -440,6 +440,12 @@ class ShardedBackend(Backend):
             "raft_log_cache_bytes": 0,          # the storage's memory, summed over hosted groups
             "raft_snapshot_cache_bytes": 0,
         }
+        host = next((b.driver.host for b in self.groups.values() if b.driver is not None), None)
+        if host is not None:
+            # The node loop's counters (runtime/multiraft.py LoopStats): peer batches sent per
+            # loop iteration, commit-only appends held and superseded, etc.
+            for name, value in vars(host.stats).items():
+                out["raft_loop_" + name] = value
         for gid, b in self.groups.items():
             i = b.raft_info()
             for k in ("raft_log_cache_bytes", "raft_snapshot_cache_bytes"):

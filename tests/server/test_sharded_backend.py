@@ -161,6 +161,10 @@ def test_register_watch_index_and_shards_follow_the_groups(tmp_path, run):
         assert [s.nodes[0].myself for s in shards] == [True, False, True]
         info = sb.raft_info()
         assert info["raft_groups_led"] == "1,3" and "slots=10923-16383" in info["raft_group3"]
+        # The node loop's counters, once per node (not per group): what this loop did so far.
+        assert info["raft_loop_iterations"] > 0 and info["raft_loop_pumps"] > 0
+        assert info["raft_loop_iterations"] <= n.mr.stats.iterations
+        assert "raft_loop_commits_held" in info and "raft_loop_messages_sent" in info
     run_on_node(tmp_path, run, main)
 
 
