@@ -336,6 +336,10 @@ def _load_group(reader: _Reader, stream, version: int):
         raise CorruptStreamState("stream snapshot: group PEL out of order")
     group.pel.extend_sorted(pel_ids, nacks)
     find = group.pel.find
+    # A consumer's PEL is keyed by the group PEL's own StreamID objects, as after the
+    # deliveries that built it (groups.py inserts one key into both PELs): one long-lived,
+    # GC-tracked key per pending entry instead of two.
+    key_of = dict(zip(pel_ids, pel_ids)).__getitem__
 
     nconsumers = reader.count(MAX_CONSUMERS, 16, "consumer")
     prev = None
@@ -347,17 +351,17 @@ def _load_group(reader: _Reader, stream, version: int):
         prev = name
         consumer = g.Consumer(name, reader.i64())
         n = reader.count(MAX_PEL, _ID_LEN, "consumer PEL")
-        ids = list(map(new_id, _ID.iter_unpack(reader.take(n * _ID_LEN)))) if n else []
-        if not _ascending(ids):
+        raw = list(_ID.iter_unpack(reader.take(n * _ID_LEN))) if n else []   # (ms, seq) tuples
+        if not _ascending(raw):
             raise CorruptStreamState("stream snapshot: consumer PEL out of order")
-        owned_nacks = list(map(find, ids))
+        owned_nacks = list(map(find, raw))        # a tuple finds its StreamID: same hash, equal
         for nack in owned_nacks:
             if nack is None:
                 raise CorruptStreamState("stream snapshot: consumer owns an ID the group PEL lacks")
             if nack.consumer is not None:
                 raise CorruptStreamState("stream snapshot: pending entry owned twice")
             nack.consumer = consumer
-        consumer.pel.extend_sorted(ids, owned_nacks)
+        consumer.pel.extend_sorted(list(map(key_of, raw)), owned_nacks)
         owned += n
         group.consumers.insert(name, consumer)
     if owned != group.pel.numele:

@@ -8,6 +8,7 @@ from ..engine.dump import CorruptDump, check_records, load_records
 from ..engine.stream_delta import DELTA_TAG, DeltaMismatch, apply_delta, split_record
 from ..engine.replies import OK
 from ..engine.slots import SLOT_COUNT
+from .gc_pause import gc_paused
 from .sessions import CorruptSessions, Sessions
 from .slot_moves import (CURSOR, DIGEST_BYTES, END, KEYS_DONE, MAX_EPOCH, MAX_PARTIAL_BYTES, PURGE_BATCH, MoveId,
                          MoveRefused,
@@ -311,9 +312,14 @@ def _load_prestage(data: bytes):
 
 def _decode_chunk(base, chunk: bytes):
     """STAGE's decode of a chunk (DELTA records rebuilt from `base`, the pre-copy):
-    [(key, value, record)], or what is wrong with it (a str)."""
+    [(key, value, record)], or what is wrong with it (a str). The collector is paused over
+    the load and its objects made old (gc_pause.py): a big PEL's load on all three replicas
+    of B at once triggered young collections that stopped each node's loop, the prepare
+    thread's included (the collector holds the GIL)."""
     try:
-        return load_records(_resolve_deltas(base, chunk))
+        data = _resolve_deltas(base, chunk)
+        with gc_paused():
+            return load_records(data)
     except DeltaMismatch as e:
         return "delta does not fit the pre-copy: %s" % e
     except CorruptDump as e:
@@ -377,7 +383,8 @@ def _activate(sm, m, phase, argv, index, now):
     for key, raw in st.records.items():
         value = st.loaded.pop(key, None)
         if value is None:                            # staged before a restart: decode again
-            (key, value, _), = load_records(raw)
+            with gc_paused():
+                (key, value, _), = load_records(raw)
         ks.set(key, value)
         sm.versions.touch(key, index)
     if st.sessions:

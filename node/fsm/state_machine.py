@@ -52,9 +52,7 @@ Snapshot layout (big-endian):
       sessions expired) still restores: its sessions count as active at now_ms.
       A node that only knows ver 1 refuses a ver 2 snapshot by its version.
 """
-import contextlib
 import dataclasses
-import gc
 import struct
 import zlib
 from typing import Optional
@@ -72,6 +70,7 @@ from .blocking import is_blocking_form, may_run_again, reply_in_multi
 from .config_set import apply_config_set
 from .entry import MAX_NOW_MS, Kind, Record, decode_record
 from .errors import BlockingFormInLog, CorruptEntry, CorruptSnapshot, ExecAbort, NotARead
+from .gc_pause import gc_paused
 from .resolve import is_config_set, queue_check
 from .sessions import MAGIC as SESSIONS_MAGIC
 from .sessions import (DEFAULT_MAX_CLIENTS, DEFAULT_MAX_RESULT_BYTES, DEFAULT_RESULTS_PER_CLIENT,
@@ -405,22 +404,6 @@ class StateMachine:
         self.last_ready_keys = frozenset()
         self.prepared.clear()
         self._prepared_record = None
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """No cyclic garbage collection inside the block. A snapshot load allocates millions of
-    objects that all stay alive (PEL entries, consumers, rax nodes); each collection the
-    allocations trigger scans them again, so with the collector on, loading 1M stream entries
-    cost ~25x the CPU it costs without (bench/README.md, "Scale"). Nothing cyclic becomes
-    garbage during a load; the collector resumes (if it was on) afterwards."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _u32_section(buf: bytes, pos: int, end: int, what: str):

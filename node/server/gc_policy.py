@@ -16,8 +16,9 @@ only after 100 generation-1 collections (20M net allocations) besides CPython's 
 rule. Young cycles (asyncio futures, tracebacks, closed connections) are still collected in
 generation 0/1, whose pause is bounded by 20 x 10,000 young objects; long-lived
 cyclic garbage (a deleted stream's group: NACK <-> consumer) waits for the rarer full collection
-instead of being found sooner. A snapshot load runs with the collector off
-(fsm.state_machine.gc_paused) and the snapshot child disables it; this policy is for the rest.
+instead of being found sooner. A snapshot load and a slot move's STAGE decode run with the
+collector off and leave their objects in the oldest generation (fsm/gc_pause.py), and the
+snapshot child disables it; this policy is for the rest.
 
 GcWatch records each collection's pause per generation (gc.callbacks), for INFO's `gc` section
 and for reading stall traces (loop_stalls.py shows where the loop stood, not that it collected).

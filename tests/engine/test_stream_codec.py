@@ -72,6 +72,21 @@ def test_round_trip_keeps_everything():
     assert dump_stream(loaded) == dump_stream(stream)
 
 
+def test_a_loaded_consumer_pel_is_keyed_by_the_group_pels_own_ids():
+    """One StreamID object per pending entry after a load (as XREADGROUP makes one and files
+    it in both PELs), not a second one per consumer: fewer long-lived objects for the cyclic
+    collector to scan (fsm/gc_pause.py) and less memory for a big PEL."""
+    loaded = load_stream(dump_stream(build(BASE).get(b"s")))
+    grp = loaded.cgroups.find(b"g1")
+    own = {key: key for key, _ in grp.pel.items()}
+    shared = 0
+    for _, consumer in grp.consumers.items():
+        for key, nack in consumer.pel.items():
+            assert type(key) is StreamID and own[key] is key and grp.pel.find(key) is nack
+            shared += 1
+    assert shared == grp.pel.numele == 11
+
+
 def test_stream_without_groups_and_empty_stream():
     db = build([["XADD", "s", "1-1", "a", "b"]])
     assert db.get(b"s").cgroups is None
