@@ -44,6 +44,7 @@ import struct
 import zlib
 
 from ..invariant import invariant
+from .crc_trailer import checked_body
 from .keyspace import EngineConfig, Keyspace
 from .listpack import CorruptListpack, lp_bytes, lp_length, lp_validate
 from .lists import FILL_MAX, ListValue, node_fits
@@ -256,14 +257,7 @@ def _records(buf, light: bool) -> list:
 
 def load_keyspace(buf) -> Keyspace:
     """The keyspace `dump_keyspace` wrote; CorruptDump on anything else."""
-    if not isinstance(buf, (bytes, bytearray, memoryview)):
-        raise CorruptDump("dump is not bytes")
-    buf = bytes(buf)
-    if len(buf) < _HEAD.size + 4 + 4:
-        raise CorruptDump("dump too short")
-    body_end = len(buf) - 4
-    if zlib.crc32(buf[:body_end]) != _U32.unpack_from(buf, body_end)[0]:
-        raise CorruptDump("dump checksum mismatch")
+    buf, body_end = checked_body(buf, _HEAD.size, CorruptDump, "dump")
     magic, version, nfields = _HEAD.unpack_from(buf, 0)
     if magic != MAGIC:
         raise CorruptDump("not a keyspace dump (magic)")

@@ -75,6 +75,7 @@ from operator import lt
 
 from . import groups as g
 from . import idmp as im
+from .crc_trailer import checked_body
 from .dead_letters import MAX_DELIVERIES_LIMIT
 from .rax import Rax
 from .stream import Stream
@@ -246,15 +247,7 @@ def check_stream_entries(buf) -> None:
 
 def _load_entries(buf) -> tuple:
     """(the stream of buf's entries, a reader at the section after them, the version)."""
-    if not isinstance(buf, (bytes, bytearray, memoryview)):
-        raise CorruptStreamState("stream snapshot is not bytes")
-    buf = bytes(buf)
-    if len(buf) < _HEADER.size + 4 + 4:
-        raise CorruptStreamState("stream snapshot too short")
-    body_end = len(buf) - 4
-    # A view, not a slice: the slice copied the whole (up to state-sized) stream once more.
-    if zlib.crc32(memoryview(buf)[:body_end]) != _U32.unpack_from(buf, body_end)[0]:
-        raise CorruptStreamState("stream snapshot checksum mismatch")
+    buf, body_end = checked_body(buf, _HEADER.size, CorruptStreamState, "stream snapshot")
     magic, version, entries_len = _HEADER.unpack_from(buf, 0)
     if magic != MAGIC or version not in READABLE_VERSIONS:
         raise CorruptStreamState("not a stream snapshot (magic/version)")
